@@ -1,0 +1,37 @@
+# The two commands: `make lab` and `make test`. Both build .venv from nothing
+# on a machine with Python >= 3.10 and make, and are quick the second time.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
+
+.PHONY: lab test exercises notebooks venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.10 is needed, found " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (FlashAttention course)" >/dev/null
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/00_start_here.ipynb
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions $(NBVAL) $(PYTEST_ARGS)
+
+# Regenerate the student copies in exercises/ from solutions/.
+exercises: $(STAMP)
+	$(BIN)/python -m course_lib.authoring
+
+# Re-execute every lecture and solution notebook in place (outputs are committed).
+notebooks: $(STAMP)
+	$(BIN)/python -m course_lib.authoring --execute notebooks/*.ipynb solutions/*.ipynb
+	$(BIN)/python -m course_lib.authoring
+
+clean:
+	rm -rf $(VENV)

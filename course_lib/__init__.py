@@ -1,0 +1,9 @@
+"""course_lib: the library behind "FlashAttention from the ground up".
+
+    from course_lib import attention, attention_varlen, available_impls
+"""
+__version__ = "0.1.0"
+
+from .api import attention, attention_varlen, available_impls  # noqa: E402
+
+__all__ = ["attention", "attention_varlen", "available_impls", "__version__"]

@@ -1,0 +1,84 @@
+"""Reference attention: materialise S, softmax it, multiply by V.
+
+This is chapter 01's algorithm written once, for every semantic the course
+uses.  In float64 it is the ground truth every kernel is checked against
+(impl ``reference``); run in the input dtype it is impl ``naive``, the
+baseline whose rounding error sets the tolerance for low precision.
+
+    S = scale * Q K^T          (B, H, Nq, Nk)   -- the N^2 matrix FlashAttention never writes
+    S = softcap * tanh(S / softcap)              (optional)
+    S = S - slope * |i + offset - j|             (optional ALiBi)
+    S = -inf where the mask hides key j from query i
+    P = softmax(S) row by row;  O = P V;  lse = log sum_j exp(S_ij)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .masks import MaskSpec, apply_softcap
+
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+def kv_head_index(heads: int, heads_k: int) -> np.ndarray:
+    """For each query head, the K/V head it reads (GQA / MQA): h // (H / Hk)."""
+    return np.arange(heads) // (heads // heads_k)
+
+
+def attention_scores(q, k, opts, mask: MaskSpec, compute_dtype, round_dtype=None):
+    """Masked scores S (B, H, Nq, Nk) in compute_dtype; -inf where hidden.
+
+    ``round_dtype`` rounds Q K^T to a low-precision dtype the way a
+    float16 / bfloat16 matrix multiply stores its result.
+    """
+    heads, heads_k = q.shape[1], k.shape[1]
+    k = k[:, kv_head_index(heads, heads_k)]  # (B, H, Nk, D): each query head's K
+    s = np.matmul(q.astype(compute_dtype), np.swapaxes(k.astype(compute_dtype), -1, -2))
+    if round_dtype is not None:
+        s = s.astype(round_dtype).astype(compute_dtype)
+    s = s * compute_dtype(opts.softmax_scale)
+    s = apply_softcap(s, compute_dtype(opts.softcap)) if opts.softcap > 0 else s
+    rows, cols = np.arange(mask.seqlen_q), np.arange(mask.seqlen_k)
+    if opts.alibi_slopes is not None:
+        distance = -mask.alibi_bias(1.0, rows, cols)  # |i + offset - j|, (Nq, Nk)
+        slopes = opts.alibi_slopes[:, :, None, None]  # (B, H, 1, 1)
+        s = s - (slopes * distance).astype(compute_dtype)
+    if not mask.is_trivial:
+        s = np.where(mask.visible(rows, cols), s, compute_dtype(-np.inf))
+    return s
+
+
+def masked_softmax(s):
+    """Row softmax of masked scores, safe for rows that see no key.
+
+    Returns P (same shape) and lse (natural log).  A row whose scores are all
+    -inf gets P = 0 and lse = -inf instead of 0/0 = NaN.
+    """
+    m = np.max(s, axis=-1, keepdims=True)  # subtracting the row max keeps exp <= 1
+    m_safe = np.where(np.isneginf(m), 0, m)
+    p = np.exp(s - m_safe)
+    l = np.sum(p, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = (m_safe + np.log(l))[..., 0]
+    p = p / np.where(l == 0, 1, l)
+    return p, lse
+
+
+def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, round_dtype=None):
+    """O and lse for validated dense inputs, computed in ``compute_dtype``."""
+    s = attention_scores(q, k, opts, mask, compute_dtype, round_dtype)
+    p, lse = masked_softmax(s)
+    if round_dtype is not None:
+        p = p.astype(round_dtype).astype(compute_dtype)
+    v = v[:, kv_head_index(q.shape[1], v.shape[1])].astype(compute_dtype)  # (B, H, Nk, Dv)
+    return np.matmul(p, v), lse
+
+
+def lse_dtype(dtype) -> type:
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def attention_forward(q, k, v, opts, mask: MaskSpec):
+    """impl ``reference``: float64 throughout, result cast to the input dtype."""
+    out, lse = attention_math(q, k, v, opts, mask, np.float64)
+    return out.astype(q.dtype), lse.astype(lse_dtype(q.dtype))
