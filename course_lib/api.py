@@ -132,7 +132,7 @@ def _impl(impl):
 
 # -- the public functions -------------------------------------------------------
 
-def _run(module, q, k, v, opts):
+def _run(forward, q, k, v, opts):
     """Dense forward, handling shapes that leave no work for the impl."""
     batch, heads, seqlen_q, _ = q.shape
     seqlen_k, head_dim_v = k.shape[2], v.shape[3]
@@ -141,7 +141,7 @@ def _run(module, q, k, v, opts):
         out = np.zeros((batch, heads, seqlen_q, head_dim_v), dtype=q.dtype)
         lse = np.full((batch, heads, seqlen_q), -np.inf, dtype=lse_dtype(q.dtype))
         return out, lse
-    return module.attention_forward(q, k, v, opts, opts.mask(seqlen_q, seqlen_k))
+    return forward(q, k, v, opts, opts.mask(seqlen_q, seqlen_k))
 
 
 def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_right",
@@ -154,7 +154,19 @@ def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_r
     Returns out (batch, heads, seqlen_q, head_dim_v) in q's dtype, and with
     ``return_lse`` also lse (batch, heads, seqlen_q), natural log.
     """
-    module = _impl(impl)
+    return call_forward(_impl(impl).attention_forward, q, k, v, causal=causal,
+                        causal_align=causal_align, window_size=window_size, softcap=softcap,
+                        alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+                        block_q=block_q, block_k=block_k, return_lse=return_lse)
+
+
+def call_forward(forward, q, k, v, *, return_lse=False, **options):
+    """Validate a dense call, then run ``forward(q, k, v, opts, mask)``.
+
+    ``attention`` uses it with a registered impl; a lecture can pass any
+    forward function (a loop-order variant, a learner's kernel) and get the
+    same checks and the same handling of empty shapes.
+    """
     _qkv(q, k, v, 4, "(batch, heads, seqlen, head_dim)")
     batch, heads, seqlen_q, head_dim = q.shape
     if k.shape[0] != batch or v.shape[0] != batch:
@@ -162,12 +174,20 @@ def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_r
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have one seqlen_k, got {k.shape[2]} and {v.shape[2]}")
     _check_heads(heads, k.shape[1], head_dim, k.shape[3], v.shape[1])
-    opts = _options(batch=batch, heads=heads, head_dim=head_dim, causal=causal,
-                    causal_align=causal_align, window_size=window_size, softcap=softcap,
-                    alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-                    block_q=block_q, block_k=block_k, return_lse=return_lse)
-    out, lse = _run(module, q, k, v, opts)
+    opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
+    out, lse = _run(forward, q, k, v, opts)
     return (out, lse) if return_lse else out
+
+
+_OPTION_DEFAULTS = dict(causal=False, causal_align="bottom_right", window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, softmax_scale=None, block_q=None, block_k=None)
+
+
+def _defaults(options):
+    unknown = set(options) - set(_OPTION_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTION_DEFAULTS)}")
+    return {**_OPTION_DEFAULTS, **options}
 
 
 def _cu_seqlens(name, cu, total):
@@ -197,7 +217,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", c
     its own lengths.  Returns out (total_q, heads, head_dim_v) and, with
     ``return_lse``, lse (heads, total_q).
     """
-    module = _impl(impl)
+    return call_forward_varlen(_impl(impl).attention_forward, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                               causal=causal, causal_align=causal_align, window_size=window_size,
+                               softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+                               block_q=block_q, block_k=block_k, return_lse=return_lse)
+
+
+def call_forward_varlen(forward, q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse=False, **options):
+    """``call_forward`` for packed sequences: one dense call per sequence."""
     _qkv(q, k, v, 3, "(total, heads, head_dim)")
     total_q, heads, head_dim = q.shape
     if k.shape[0] != v.shape[0]:
@@ -209,10 +236,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", c
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe one batch, got "
                          f"{cq.size - 1} and {ck.size - 1} sequences")
     batch = cq.size - 1
-    opts = _options(batch=batch, heads=heads, head_dim=head_dim, causal=causal,
-                    causal_align=causal_align, window_size=window_size, softcap=softcap,
-                    alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-                    block_q=block_q, block_k=block_k, return_lse=return_lse)
+    opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
     out = np.zeros((total_q, heads, v.shape[2]), dtype=q.dtype)
     lse = np.full((heads, total_q), -np.inf, dtype=lse_dtype(q.dtype))
     for b in range(batch):
@@ -220,7 +244,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", c
         # (n, H, D) -> (1, H, n, D): one sequence as a dense batch of one
         qb, kb, vb = (x[None].transpose(0, 2, 1, 3) for x in (q[rows], k[keys], v[keys]))
         seq_opts = opts if opts.alibi_slopes is None else replace(opts, alibi_slopes=opts.alibi_slopes[b:b + 1])
-        ob, lb = _run(module, qb, kb, vb, seq_opts)
+        ob, lb = _run(forward, qb, kb, vb, seq_opts)
         out[rows] = ob[0].transpose(1, 0, 2)
         lse[:, rows] = lb[0]
     return (out, lse) if return_lse else out

@@ -1,0 +1,216 @@
+"""Checks that tell a learner whether an answer is right, and if not, where.
+
+Every check prints one deterministic line (nbval compares it with the stored
+one), so a PASS line names the rule but never a measured error or the expected
+value.  On failure it prints where it went wrong (the worst element, its row
+and tile, the largest absolute and relative errors, the share of elements off,
+a small text heat map of where they are) and raises ``CheckFailed``.
+
+The tolerance rule:
+- float64 / float32: |actual - expected| <= atol + rtol * |expected|, with the
+  bounds of ``tolerance(dtype)``;
+- float16 / bfloat16 attention, FlashAttention's own rule: the largest error
+  of the kernel may be at most twice the largest error of ``naive`` attention
+  in the same dtype, plus a rounding term (the error of rounding the float64
+  reference to that dtype near its values).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import api
+from .kernels import naive
+from .reference import LOW_PRECISION, attention_math
+
+# (atol, rtol) per dtype of the answer.  float32 leaves room for a different
+# summation order over a few thousand keys; float64 for the same in double.
+TOLERANCE = {
+    "float64": (1e-10, 1e-9),
+    "float32": (1e-5, 1e-4),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+}
+HEAT_CHARS = " .:*#"  # share of elements off in a heat-map cell: 0, <25%, <50%, <75%, more
+
+
+class CheckFailed(AssertionError):
+    """An answer did not match; the message is the one-line verdict."""
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    line: str
+    report: str = ""
+
+    def __str__(self):
+        return self.line if self.passed else f"{self.line}\n{self.report}"
+
+
+def tolerance(dtype) -> tuple:
+    """(atol, rtol) for answers of this dtype (float64 for ints and unknowns)."""
+    return TOLERANCE.get(np.dtype(dtype).name, TOLERANCE["float64"])
+
+
+def _announce(verdict: Verdict) -> Verdict:
+    print(verdict.line)
+    if not verdict.passed:
+        print(verdict.report)
+        raise CheckFailed(verdict.line)
+    return verdict
+
+
+def _shape(x) -> str:
+    return "x".join(str(n) for n in x.shape) or "scalar"
+
+
+# -- comparing arrays -------------------------------------------------------------
+
+def _errors(actual, expected):
+    """Absolute errors in float64; NaN or inf where the two disagree on them."""
+    a = np.asarray(actual).astype(np.float64)
+    e = np.asarray(expected).astype(np.float64)
+    same_special = (np.isnan(a) & np.isnan(e)) | ((a == e) & np.isinf(e))
+    with np.errstate(invalid="ignore"):
+        err = np.abs(a - e)
+    err = np.where(same_special, 0.0, err)
+    return a, e, np.where(np.isnan(err), np.inf, err)
+
+
+def _heat_map(bad: np.ndarray, rows=12, cols=32) -> str:
+    """Text picture of where the mismatches are: rows down, last axis across."""
+    grid = bad.reshape(-1, bad.shape[-1]) if bad.ndim >= 2 else bad.reshape(1, -1)
+    if bad.ndim > 2:  # fold leading axes (batch, heads) onto the rows they belong to
+        grid = bad.reshape(-1, bad.shape[-2], bad.shape[-1]).any(axis=0)
+    r_edges = np.linspace(0, grid.shape[0], min(rows, grid.shape[0]) + 1).astype(int)
+    c_edges = np.linspace(0, grid.shape[1], min(cols, grid.shape[1]) + 1).astype(int)
+    lines = []
+    for r0, r1 in zip(r_edges[:-1], r_edges[1:]):
+        cells = []
+        for c0, c1 in zip(c_edges[:-1], c_edges[1:]):
+            share = grid[r0:r1, c0:c1].mean()
+            cells.append(HEAT_CHARS[0] if share == 0 else HEAT_CHARS[min(4, 1 + int(share * 4))])
+        lines.append(f"  rows {r0:>5}-{r1 - 1:<5} |{''.join(cells)}|")
+    across = "last axis" if grid.shape[1] > 1 else "value"
+    return "\n".join([f"  where the errors are ({across} across, '{HEAT_CHARS}' = none .. all off):"] + lines)
+
+
+def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", block_q=64) -> Verdict:
+    """The verdict of ``actual`` against ``expected`` without printing or raising.
+
+    An element is off when its error exceeds ``bound`` (a single number) or,
+    without one, ``atol + rtol * |expected|``.
+    """
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if actual.dtype.kind not in "biuf" and actual.dtype.name != "bfloat16":
+        return Verdict(False, f"FAIL {name}: expected a numeric array, got dtype {actual.dtype}",
+                       "  hint: return a numpy array of numbers")
+    if actual.shape != expected.shape:
+        return Verdict(False, f"FAIL {name}: shape {actual.shape}, expected {expected.shape}",
+                       "  hint: check which axes you summed over or transposed")
+    if actual.size == 0:
+        return Verdict(True, f"PASS {name}: empty {_shape(actual)} as expected")
+    a, e, err = _errors(actual, expected)
+    limit = bound if bound is not None else atol + rtol * np.abs(np.nan_to_num(e, posinf=0, neginf=0))
+    bad = err > limit
+    if not bad.any():
+        return Verdict(True, f"PASS {name}: {_shape(actual)} {actual.dtype.name} within {rule}")
+    worst = np.unravel_index(np.argmax(np.where(bad, err / np.maximum(limit, 1e-300), -1)), err.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = err / np.abs(e)
+    finite_rel = rel[np.isfinite(rel)]
+    lines = [f"  worst element {tuple(int(i) for i in worst)}: got {a[worst]:.6g}, expected {e[worst]:.6g}"]
+    if a.ndim >= 2:
+        row = int(worst[-2])
+        lines.append(f"  that is row {row}, in query tile {row // block_q} of {block_q} rows")
+    lines += [
+        f"  max abs error {err.max():.3g}, max rel error {finite_rel.max() if finite_rel.size else float('inf'):.3g}"
+        f" (allowed: {rule})",
+        f"  {int(bad.sum())} of {bad.size} elements off ({100 * bad.mean():.1f}%)",
+    ]
+    if np.isnan(a).any() and not np.isnan(e).any():
+        lines.append(f"  {int(np.isnan(a).sum())} NaN in your answer: a 0/0 or inf - inf somewhere?")
+    if a.ndim >= 1:
+        lines.append(_heat_map(bad))
+    return Verdict(False, f"FAIL {name}: {int(bad.sum())} of {bad.size} elements differ", "\n".join(lines))
+
+
+def check_close(name, actual, expected, *, atol=None, rtol=None, block_q=64) -> Verdict:
+    """Check an array elementwise against the expected one (compute that in float64)."""
+    dtype = np.asarray(actual).dtype
+    default_atol, default_rtol = tolerance(dtype if dtype.kind == "f" or dtype.name == "bfloat16" else np.float64)
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    return _announce(compare(name, actual, expected, atol=atol, rtol=rtol,
+                             rule=f"atol {atol:g}, rtol {rtol:g}", block_q=block_q))
+
+
+def check_value(name, actual, expected, *, rtol=1e-6, atol=0.0) -> Verdict:
+    """Check a number (an intensity, a byte count, a ridge point)."""
+    try:
+        value = float(actual)
+    except (TypeError, ValueError):
+        return _announce(Verdict(False, f"FAIL {name}: expected a number, got {type(actual).__name__}",
+                                 "  hint: return a single int or float"))
+    ok = abs(value - expected) <= atol + rtol * abs(expected)
+    if ok:
+        return _announce(Verdict(True, f"PASS {name}: matches within rtol {rtol:g}"))
+    ratio = value / expected if expected else float("inf")
+    return _announce(Verdict(False, f"FAIL {name}: value is off",
+                             f"  got {value:.6g}, expected {expected:.6g} (ratio {ratio:.4g})"))
+
+
+# -- attention ------------------------------------------------------------------
+
+def _reference64(q, k, v, opts, mask):
+    return attention_math(q, k, v, opts, mask, np.float64)
+
+
+def _describe(q, k, v, options) -> str:
+    parts = [q.dtype.name, f"q {_shape(q)}", f"k/v {_shape(k)}/{_shape(v)}"]
+    if options.get("causal"):
+        parts.append("causal" + (" top-left" if options.get("causal_align") == "top_left" else ""))
+    if tuple(options.get("window_size", (-1, -1))) != (-1, -1):
+        parts.append(f"window {tuple(options['window_size'])}")
+    if options.get("softcap"):
+        parts.append(f"softcap {options['softcap']:g}")
+    if options.get("alibi_slopes") is not None:
+        parts.append("alibi")
+    return ", ".join(parts)
+
+
+def attention_tolerance(q, k, v, expected, **options):
+    """(bound or None, atol, rtol, rule text) for attention outputs in q's dtype."""
+    if q.dtype.name in LOW_PRECISION:
+        baseline = api.call_forward(naive.attention_forward, q, k, v, **options)
+        _, _, naive_err = _errors(baseline, expected)
+        rounded = expected.astype(q.dtype)
+        # FlashAttention's rounding term: what rounding near the values costs.
+        rounding = 2 * np.max(np.abs((rounded + q.dtype.type(0.3) - q.dtype.type(0.3)).astype(np.float64)
+                                     - expected), initial=0.0)
+        bound = 2 * np.max(naive_err, initial=0.0) + rounding
+        return bound, 0.0, 0.0, f"2 x naive {q.dtype.name} error + rounding"
+    atol, rtol = tolerance(q.dtype)
+    return None, atol, rtol, f"atol {atol:g}, rtol {rtol:g}"
+
+
+def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -> Verdict:
+    """Check an attention output (and optionally its lse) against the float64 reference.
+
+    ``options`` are ``course_lib.attention``'s (causal, window_size, ...);
+    ``block_q`` also names the query tile reported on failure.
+    """
+    expected, expected_lse = api.call_forward(_reference64, q, k, v, return_lse=True, **options)
+    bound, atol, rtol, rule = attention_tolerance(q, k, v, expected, **options)
+    label = f"{name} ({_describe(q, k, v, options)})"
+    block_q = options.get("block_q") or 64
+    verdict = compare(label, actual, expected, bound=bound, atol=atol, rtol=rtol, rule=rule, block_q=block_q)
+    if verdict.passed and lse is not None:
+        lse_atol, lse_rtol = tolerance(q.dtype)  # lse is float32 at low precision, from rounded scores
+        verdict = compare(f"{label} lse", lse, expected_lse, atol=lse_atol, rtol=lse_rtol,
+                          rule=f"atol {lse_atol:g}, rtol {lse_rtol:g}", block_q=block_q)
+        if verdict.passed:
+            verdict.line = f"PASS {label}: out and lse within {rule}"
+    return _announce(verdict)
