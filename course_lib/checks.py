@@ -54,12 +54,13 @@ def tolerance(dtype) -> tuple:
     return TOLERANCE.get(np.dtype(dtype).name, TOLERANCE["float64"])
 
 
-def _announce(verdict: Verdict) -> Verdict:
+def _announce(verdict: Verdict) -> None:
+    """Print the verdict; raise on failure.  Returns None so that a check as
+    the last line of a cell displays nothing more (nbval ignores a ``;``)."""
     print(verdict.line)
     if not verdict.passed:
         print(verdict.report)
         raise CheckFailed(verdict.line)
-    return verdict
 
 
 def _shape(x) -> str:
@@ -137,7 +138,7 @@ def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", 
     return Verdict(False, f"FAIL {name}: {int(bad.sum())} of {bad.size} elements differ", "\n".join(lines))
 
 
-def check_close(name, actual, expected, *, atol=None, rtol=None, block_q=64) -> Verdict:
+def check_close(name, actual, expected, *, atol=None, rtol=None, block_q=64) -> None:
     """Check an array elementwise against the expected one (compute that in float64)."""
     dtype = np.asarray(actual).dtype
     default_atol, default_rtol = tolerance(dtype if dtype.kind == "f" or dtype.name == "bfloat16" else np.float64)
@@ -147,7 +148,7 @@ def check_close(name, actual, expected, *, atol=None, rtol=None, block_q=64) -> 
                              rule=f"atol {atol:g}, rtol {rtol:g}", block_q=block_q))
 
 
-def check_value(name, actual, expected, *, rtol=1e-6, atol=0.0) -> Verdict:
+def check_value(name, actual, expected, *, rtol=1e-6, atol=0.0) -> None:
     """Check a number (an intensity, a byte count, a ridge point)."""
     try:
         value = float(actual)
@@ -196,7 +197,7 @@ def attention_tolerance(q, k, v, expected, **options):
     return None, atol, rtol, f"atol {atol:g}, rtol {rtol:g}"
 
 
-def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -> Verdict:
+def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -> None:
     """Check an attention output (and optionally its lse) against the float64 reference.
 
     ``options`` are ``course_lib.attention``'s (causal, window_size, ...);
@@ -214,3 +215,14 @@ def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -
         if verdict.passed:
             verdict.line = f"PASS {label}: out and lse within {rule}"
     return _announce(verdict)
+
+
+def readonly(*arrays):
+    """Read-only copies, for check cells: an answer cannot pass by changing
+    the inputs that the expected values are computed from."""
+    frozen = []
+    for x in arrays:
+        x = np.array(x, copy=True)
+        x.setflags(write=False)
+        frozen.append(x)
+    return frozen[0] if len(frozen) == 1 else tuple(frozen)
