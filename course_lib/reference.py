@@ -25,27 +25,36 @@ def kv_head_index(heads: int, heads_k: int) -> np.ndarray:
     return np.arange(heads) // (heads // heads_k)
 
 
-def attention_scores(q, k, opts, mask: MaskSpec, compute_dtype, round_dtype=None):
-    """Masked scores S (B, H, Nq, Nk) in compute_dtype; -inf where hidden.
+def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, acc, *, masked=True, round_dtype=None):
+    """Scores of query ``rows`` against key ``cols``: (B, H, len(rows), len(cols)) in ``acc``.
 
-    ``round_dtype`` rounds Q K^T to a low-precision dtype the way a
-    float16 / bfloat16 matrix multiply stores its result.
+    Scale, softcap, ALiBi, then -inf where the mask hides a key: the steps in
+    the order every impl takes them, for all of S (the reference) or for one
+    tile (the tiled kernels, which pass ``masked=False`` for a tile the mask
+    leaves full).  Kj must already hold each query head's K/V head.
+    ``round_dtype`` rounds Q K^T the way a float16 / bfloat16 matmul stores it.
     """
-    heads, heads_k = q.shape[1], k.shape[1]
-    k = k[:, kv_head_index(heads, heads_k)]  # (B, H, Nk, D): each query head's K
-    s = np.matmul(q.astype(compute_dtype), np.swapaxes(k.astype(compute_dtype), -1, -2))
+    acc = np.dtype(acc)
+    s = np.matmul(Qi.astype(acc), np.swapaxes(Kj.astype(acc), -1, -2))
     if round_dtype is not None:
-        s = s.astype(round_dtype).astype(compute_dtype)
-    s = s * compute_dtype(opts.softmax_scale)
-    s = apply_softcap(s, compute_dtype(opts.softcap)) if opts.softcap > 0 else s
-    rows, cols = np.arange(mask.seqlen_q), np.arange(mask.seqlen_k)
+        s = s.astype(round_dtype).astype(acc)
+    s = s * acc.type(opts.softmax_scale)
+    if opts.softcap > 0:
+        s = apply_softcap(s, acc.type(opts.softcap))
     if opts.alibi_slopes is not None:
-        distance = -mask.alibi_bias(1.0, rows, cols)  # |i + offset - j|, (Nq, Nk)
-        slopes = opts.alibi_slopes[:, :, None, None]  # (B, H, 1, 1)
-        s = s - (slopes * distance).astype(compute_dtype)
-    if not mask.is_trivial:
-        s = np.where(mask.visible(rows, cols), s, compute_dtype(-np.inf))
+        distance = -mask.alibi_bias(1.0, rows, cols)  # |i + offset - j|, (rows, cols)
+        s = s - (opts.alibi_slopes[:, :, None, None] * distance).astype(acc)  # slopes (B, H)
+    if masked:
+        s = np.where(mask.visible(rows, cols), s, acc.type(-np.inf))
     return s
+
+
+def attention_scores(q, k, opts, mask: MaskSpec, compute_dtype, round_dtype=None):
+    """Masked scores S (B, H, Nq, Nk) in compute_dtype; -inf where hidden."""
+    k = k[:, kv_head_index(q.shape[1], k.shape[1])]  # (B, H, Nk, D): each query head's K
+    rows, cols = np.arange(mask.seqlen_q), np.arange(mask.seqlen_k)
+    return tile_scores(q, k, opts, mask, rows, cols, compute_dtype,
+                       masked=not mask.is_trivial, round_dtype=round_dtype)
 
 
 def masked_softmax(s):

@@ -39,9 +39,9 @@ from functools import partial
 import numpy as np
 
 from .. import api
-from ..masks import EMPTY, PARTIAL, MaskSpec, apply_softcap
+from ..masks import EMPTY, PARTIAL, MaskSpec
 from ..online_softmax import finalize, init_state, online_update
-from ..reference import LOW_PRECISION, kv_head_index, lse_dtype
+from ..reference import LOW_PRECISION, kv_head_index, lse_dtype, tile_scores
 
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
@@ -85,24 +85,6 @@ def precision(dtype):
     return dtype, None
 
 
-def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, kind, acc):
-    """Sij for one tile, (B, H, Br, Bc) in the accumulation dtype, -inf where hidden.
-
-    The same steps, in the same order, as the reference: scale, softcap,
-    ALiBi, mask.
-    """
-    Sij = Qi.astype(acc) @ np.swapaxes(Kj.astype(acc), -1, -2)
-    Sij = Sij * acc.type(opts.softmax_scale)
-    if opts.softcap > 0:
-        Sij = apply_softcap(Sij, acc.type(opts.softcap))
-    if opts.alibi_slopes is not None:
-        distance = -mask.alibi_bias(1.0, rows, cols)  # |i + offset - j|, (Br, Bc)
-        Sij = Sij - (opts.alibi_slopes[:, :, None, None] * distance).astype(acc)
-    if kind == PARTIAL:
-        Sij = np.where(mask.visible(rows, cols), Sij, acc.type(-np.inf))
-    return Sij
-
-
 def _tiles(n, block):
     """(start, stop) of each tile of ``block`` along an axis of length n; the last may be short."""
     return [(start, min(start + block, n)) for start in range(0, n, block)]
@@ -143,7 +125,7 @@ def _forward_fa2(q, k, v, opts, mask, Br, Bc, stats):
                 continue
             Kj, Vj = k[:, kv, c0:c1], v[:, kv, c0:c1]     # load Kj, Vj  (B, H, Bc, D / Dv)
             stats.hbm_read += Kj.nbytes + Vj.nbytes
-            Sij = tile_scores(Qi, Kj, opts, mask, rows, np.arange(c0, c1), kind, acc)
+            Sij = tile_scores(Qi, Kj, opts, mask, rows, np.arange(c0, c1), acc, masked=kind == PARTIAL)
             m, l, Oi, _ = online_update(m, l, Oi, Sij, Vj, p_dtype)  # rescale, then add Pij Vj
             stats.computed += 1
             stats.masked += kind == PARTIAL
@@ -181,7 +163,7 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, stats):
             Qi = q[:, :, r0:r1]                           # load Qi, Oi, li, mi
             Oi, li, mi = O[:, :, r0:r1], l[:, :, r0:r1], m[:, :, r0:r1]
             stats.hbm_read += Qi.nbytes + Oi.nbytes + li.nbytes + mi.nbytes
-            Sij = tile_scores(Qi, Kj, opts, mask, rows, np.arange(c0, c1), kind, acc)
+            Sij = tile_scores(Qi, Kj, opts, mask, rows, np.arange(c0, c1), acc, masked=kind == PARTIAL)
             # the tile's own softmax statistics: m~ij, P~ij, l~ij
             mij = np.max(Sij, axis=-1)
             Pij = np.exp(Sij - np.where(np.isneginf(mij), 0, mij)[..., None])
