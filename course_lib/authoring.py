@@ -166,24 +166,40 @@ def stale(root: Path = COURSE_ROOT) -> list:
     return sorted(bad + orphans)
 
 
+def merge_streams(outputs):
+    """Join consecutive prints to one stream: the kernel splits them into
+    chunks that differ from run to run, the text does not."""
+    merged = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        if (output.get("output_type") == "stream" and last is not None
+                and last.get("output_type") == "stream" and last.get("name") == output.get("name")):
+            last["text"] = "".join(last["text"]) + "".join(output["text"])
+        else:
+            merged.append(output)
+    return merged
+
+
 def execute(path: Path) -> None:
     """Run a notebook in place (kernel python3, in its own folder) and keep only what is stable.
 
     Cell ids and outputs stay.  What changes on every run without meaning
-    anything goes: per-cell timings, and the random ids of widget models
+    anything goes: per-cell timings, how prints were split into chunks, and the random ids of widget models
     (numbered in order instead; widgets have static twins, so no widget state
     is stored).  Re-executing an unchanged notebook then gives a clean diff.
     """
     from nbclient import NotebookClient  # only needed here; keeps `--check` light
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False, store_widget_state=False,
+    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False, store_widget_state=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     nb.metadata.pop("widgets", None)
     widget_ids = {}
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("ExecuteTime", None)
+        if "outputs" in cell:
+            cell.outputs = merge_streams(cell.outputs)
         for output in cell.get("outputs", []):
             view = output.get("data", {}).get("application/vnd.jupyter.widget-view+json")
             if isinstance(view, dict) and "model_id" in view:

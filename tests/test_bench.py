@@ -1,0 +1,118 @@
+"""course_lib.bench: timing helpers and the regression records every benchmark writes.
+
+The records are a contract (shared/DESIGN.md, "Measuring"): each one carries the
+shape, dtype, mask, impl, block sizes, the median time, the derived TFLOP/s and
+bytes moved, and where it was measured."""
+import json
+
+import numpy as np
+import pytest
+
+from course_lib import bench
+
+ENV = {"cpu": "test cpu", "python": "3.x"}  # skip probing the machine in most tests
+
+
+def test_time_it_warms_up_then_returns_the_median_of_the_repeats(monkeypatch):
+    calls = []
+    clock = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # runs of 1 s, 3 s, 2 s
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    assert bench.time_it(lambda x: calls.append(x), "a", repeats=3, warmup=2) == 2.0
+    assert calls == ["a"] * 5
+
+
+def test_time_it_passes_keyword_arguments_and_refuses_zero_repeats():
+    seen = {}
+    bench.time_it(lambda *, n: seen.update(n=n), n=3, repeats=1, warmup=0)
+    assert seen == {"n": 3}
+    with pytest.raises(ValueError, match="repeats"):
+        bench.time_it(print, repeats=0)
+
+
+def test_time_interleaved_runs_the_contestants_in_turn():
+    order = []
+    times = bench.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                   repeats=3, warmup=1)
+    assert order == ["a", "b"] * 4 and set(times) == {"a", "b"}
+
+
+def test_environment_names_the_machine_the_versions_and_the_date():
+    env = bench.environment()
+    for key in ("cpu", "python", "numpy", "numba", "numba-cuda", "course_lib", "gpu", "date"):
+        assert key in env and env[key], key
+    json.dumps(env)  # must be storable as JSON
+
+
+def test_a_record_has_every_field_the_design_requires():
+    rec = bench.record(benchmark="t", impl="flash_numpy", shape=(2, 4, 128, 256, 64), dtype=np.float32,
+                       causal=False, block_q=64, block_k=32, time_s=0.5, env=ENV)
+    for key in ("shape", "dtype", "mask", "impl", "block_q", "block_k", "time_s", "tflops",
+                "bytes_moved", "environment", "run"):
+        assert key in rec, key
+    assert rec["shape"] == [2, 4, 128, 256, 64]
+    assert (rec["dtype"], rec["mask"], rec["block_q"], rec["block_k"]) == ("float32", "none", 64, 32)
+    assert rec["environment"] == ENV
+
+
+def test_tflops_is_4_b_h_nq_nk_d_over_time():
+    rec = bench.record(benchmark="t", impl="x", shape=(2, 3, 100, 300, 64), dtype="float32", time_s=0.25, env=ENV)
+    assert rec["flops"] == 4 * 2 * 3 * 100 * 300 * 64
+    assert rec["tflops"] == pytest.approx(4 * 2 * 3 * 100 * 300 * 64 / 0.25 / 1e12)
+
+
+def test_tflops_is_halved_for_causal():
+    full = bench.record(benchmark="t", impl="x", shape=(1, 2, 512, 512, 64), dtype="float16", time_s=1.0, env=ENV)
+    causal = bench.record(benchmark="t", impl="x", shape=(1, 2, 512, 512, 64), dtype="float16", time_s=1.0,
+                          causal=True, env=ENV)
+    assert causal["tflops"] == pytest.approx(full["tflops"] / 2)
+    assert causal["mask"] == "causal" and causal["causal"] is True
+
+
+def test_bytes_moved_defaults_to_the_compulsory_traffic_or_takes_the_kernels_count():
+    rec = bench.record(benchmark="t", impl="x", shape=(1, 8, 10, 20, 16), heads_k=2, dtype="float16",
+                       time_s=1.0, env=ENV)
+    q_o = 1 * 8 * 10 * 16 * 2      # Q read, O written
+    k_v = 1 * 2 * 20 * 16 * 2      # K and V read once per K/V head (GQA)
+    lse = 1 * 8 * 10               # float32
+    assert rec["bytes_moved"] == (q_o + k_v) * 2 + lse * 4 and rec["bytes_source"] == "compulsory"
+    counted = bench.record(benchmark="t", impl="x", shape=(1, 8, 10, 20, 16), dtype="float16", time_s=1.0,
+                           bytes_moved=12345, env=ENV)
+    assert (counted["bytes_moved"], counted["bytes_source"]) == (12345, "counted")
+
+
+def test_records_refuse_a_non_positive_time():
+    with pytest.raises(ValueError, match="time_s"):
+        bench.record(benchmark="t", impl="x", shape=(1, 1, 1, 1, 1), dtype="float32", time_s=0.0, env=ENV)
+
+
+def test_append_then_load_round_trips_and_filters(tmp_path):
+    path = tmp_path / "records" / "r.jsonl"  # the folder is created on first use
+    written = [bench.append_record(path, benchmark="t", impl="flash_numpy", shape=(1, 2, n, n, 8),
+                                   dtype="float32", causal=causal, time_s=0.1 * n, run="r1", env=ENV,
+                                   tiles_computed=n)
+               for n in (16, 32) for causal in (False, True)]
+    assert bench.load_records(path) == written
+    assert [r["shape"][2] for r in bench.load_records(path, causal=True)] == [16, 32]
+    assert bench.load_records(path, causal=True, tiles_computed=32)[0]["time_s"] == pytest.approx(3.2)
+    assert len(path.read_text().splitlines()) == 4  # one JSON object per line
+
+
+def test_latest_run_keeps_only_the_last_runs_records(tmp_path):
+    path = tmp_path / "r.jsonl"
+    for run in ("old", "old", "new", "new"):
+        bench.append_record(path, benchmark="t", impl="x", shape=(1, 1, 4, 4, 4), dtype="float32",
+                            time_s=1.0, run=run, env=ENV)
+    assert [r["run"] for r in bench.latest_run(bench.load_records(path))] == ["new", "new"]
+    assert bench.latest_run([]) == []
+
+
+def test_the_committed_causal_skipping_records_are_complete():
+    path = bench.Path(__file__).resolve().parent.parent / "notebooks" / "records" / "causal_skipping.jsonl"
+    records = bench.latest_run(bench.load_records(path))
+    assert {r["causal"] for r in records} == {False, True}
+    for r in records:
+        B, H, Nq, Nk, D = r["shape"]
+        assert Nq == Nk and r["impl"] == "flash_numpy"
+        assert r["tflops"] == pytest.approx(bench.attention_flops(B, H, Nq, Nk, D, causal=r["causal"])
+                                            / r["time_s"] / 1e12)
+        assert {"cpu", "numpy", "numba", "date"} <= set(r["environment"])
