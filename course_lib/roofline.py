@@ -1,0 +1,501 @@
+"""The roofline: how fast a kernel can be, from its FLOPs and the bytes it moves.
+
+A kernel that does ``F`` FLOPs and moves ``B`` bytes between DRAM (HBM) and the
+chip cannot finish sooner than either of
+
+    F / peak_flops        (the compute roof)      B / bandwidth     (the memory roof)
+
+so its attainable speed at arithmetic intensity ``I = F / B`` FLOP/byte is
+
+    attainable(I) = min(peak_flops, I * bandwidth)
+
+The two roofs meet at the ridge point ``I* = peak_flops / bandwidth``: a kernel
+below it is memory-bound, above it compute-bound.
+
+``HARDWARE`` holds presets for real and illustrative machines.  Every number in
+them is a ``Figure``: a value with its unit, its source and its kind, so a
+datasheet peak is never mistaken for a measurement:
+
+- ``datasheet``: the vendor's published peak (dense, no sparsity);
+- ``paper``: a figure quoted from a paper, cited;
+- ``measured``: measured by the course on a named machine on a named date;
+- ``illustrative``: a class-typical figure for a kind of device, not a product.
+
+``measure_this_machine()`` measures this machine with numpy (copy bandwidth,
+matmul FLOP/s, exp throughput) in about a second or two and returns a
+``Measurement`` that ``plot_roofline`` can draw beside the presets.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DATASHEET, PAPER, MEASURED, ILLUSTRATIVE = "datasheet", "paper", "measured", "illustrative"
+KINDS = (DATASHEET, PAPER, MEASURED, ILLUSTRATIVE)
+KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
+TERA, GIGA = 1e12, 1e9
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number about a machine, with where it comes from."""
+
+    value: float
+    unit: str
+    source: str
+    kind: str = DATASHEET
+    date: str = ""  # when it was measured (measured figures only)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == MEASURED and not self.date:
+            raise ValueError("a measured figure needs the date it was measured")
+
+    def __float__(self):
+        return float(self.value)
+
+    def label(self) -> str:
+        when = f", {self.date}" if self.date else ""
+        return f"{self.kind}{when}: {self.source}"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A machine as the roofline and the SRAM budget see it.
+
+    ``unit`` is the thing that owns one on-chip SRAM: an SM on an NVIDIA GPU, a
+    core (its private L2) on a CPU, the whole NPU, a cluster of RISC-V cores.
+    ``peak_flops`` maps a dtype name to FLOP/s.  ``measured`` keeps measured
+    figures apart from the datasheet ones, under the same keys
+    ("bandwidth", "flops:float32", ...).  GPU-only fields (registers, threads,
+    blocks) are None on machines without them.
+    """
+
+    key: str
+    name: str
+    family: str  # "gpu", "cpu", "npu", "riscv"
+    peak_flops: dict  # dtype name -> Figure (FLOP/s)
+    bandwidth: Figure  # DRAM / HBM bytes per second
+    sram_per_unit: Figure  # bytes of on-chip SRAM one tile can use (shared memory per SM, ...)
+    units: Figure  # SMs, cores, clusters
+    unit_name: str = "SM"
+    memory: Figure | None = None  # DRAM / HBM capacity in bytes
+    exp_per_s: Figure | None = None  # exponentials per second (special-function units)
+    max_smem_per_block: Figure | None = None
+    smem_reserved_per_block: int = 0  # bytes the CUDA runtime keeps per block
+    registers_per_unit: Figure | None = None  # 32-bit registers per SM
+    max_registers_per_thread: int | None = None
+    max_threads_per_unit: int | None = None
+    max_blocks_per_unit: int | None = None
+    measured: dict = field(default_factory=dict)  # key -> Figure, kind "measured"
+    note: str = ""
+
+    # -- the roofline ---------------------------------------------------------
+    def peak(self, dtype="float16", source: str = "datasheet") -> float:
+        """Peak FLOP/s for ``dtype``; ``source="measured"`` uses a measured figure when there is one."""
+        name = _dtype_name(dtype)
+        if source == "measured" and f"flops:{name}" in self.measured:
+            return float(self.measured[f"flops:{name}"])
+        if name not in self.peak_flops:
+            raise ValueError(f"{self.name} has no peak for {name}; it has {sorted(self.peak_flops)}")
+        return float(self.peak_flops[name])
+
+    def memory_bandwidth(self, source: str = "datasheet") -> float:
+        if source == "measured" and "bandwidth" in self.measured:
+            return float(self.measured["bandwidth"])
+        return float(self.bandwidth)
+
+    def ridge(self, dtype="float16", source: str = "datasheet") -> float:
+        """The ridge point, FLOP/byte: the intensity where compute and memory roofs meet."""
+        return self.peak(dtype, source) / self.memory_bandwidth(source)
+
+    def attainable(self, intensity, dtype="float16", source: str = "datasheet"):
+        """FLOP/s a kernel of this intensity can reach: min(peak, intensity * bandwidth)."""
+        return np.minimum(self.peak(dtype, source), np.asarray(intensity, float) * self.memory_bandwidth(source))
+
+    def dtypes(self) -> list:
+        return list(self.peak_flops)
+
+    def rate_dtype(self, dtype) -> str:
+        """The dtype whose peak applies to ``dtype`` here: itself, else float16 for float8 (converted
+        on load), else float32."""
+        name = _dtype_name(dtype)
+        if name in self.peak_flops:
+            return name
+        if name.startswith("float8") and "float16" in self.peak_flops:
+            return "float16"
+        return "float32"
+
+    def figures(self) -> dict:
+        """Every figure of this machine by name, datasheet and measured apart."""
+        out = {"bandwidth": self.bandwidth, "sram_per_unit": self.sram_per_unit, "units": self.units}
+        out.update({f"flops:{k}": v for k, v in self.peak_flops.items()})
+        for name in ("memory", "exp_per_s", "max_smem_per_block", "registers_per_unit"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        out.update({f"measured {k}": v for k, v in self.measured.items()})
+        return out
+
+
+def _dtype_name(dtype) -> str:
+    if isinstance(dtype, str):
+        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64",
+                "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn"}.get(dtype, dtype)
+    return np.dtype(dtype).name
+
+
+# -- the presets ------------------------------------------------------------------
+
+def _ds(value, unit, source):
+    return Figure(value, unit, source, DATASHEET)
+
+
+def _ill(value, unit, what):
+    return Figure(value, unit, f"illustrative figures for a class of device, not a product datasheet ({what})",
+                  ILLUSTRATIVE)
+
+
+_H100_DS = "NVIDIA H100 Tensor Core GPU datasheet, SXM5 column (dense; sparsity figures halved)"
+_H200_DS = "NVIDIA H200 Tensor Core GPU datasheet, SXM column (dense; sparsity figures halved)"
+_A100_DS = "NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column"
+_ADA_WP = "NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090 table (dense, FP32 accumulate)"
+_L4_DS = "NVIDIA L4 Tensor Core GPU datasheet (dense; sparsity figures halved)"
+_HOPPER_TUNING = "CUDA C++ Programming Guide, compute capability 9.0 table / Hopper tuning guide"
+_AMPERE_TUNING = "CUDA C++ Programming Guide, compute capability 8.0 table / Ampere tuning guide"
+_ADA_TUNING = "CUDA C++ Programming Guide, compute capability 8.9 table / Ada tuning guide"
+_FA3 = ("Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608), section 3: the H100 SXM5's special-function "
+        "units compute 3.9 T exponentials per second, beside 989 TFLOP/s of FP16 matmul")
+_GPU_MD = "course GPU notes (shared/GPU.md), H200, numpy 2.4 / numba-cuda 0.30.4 image"
+
+
+def _cuda_limits(tuning, smem_kib, smem_block_kib, threads, blocks):
+    """The per-SM limits of one compute capability, all from the programming guide."""
+    return dict(
+        sram_per_unit=_ds(smem_kib * KiB, "B", f"{tuning}: shared memory per SM"),
+        max_smem_per_block=_ds(smem_block_kib * KiB, "B", f"{tuning}: shared memory per block (opt-in)"),
+        smem_reserved_per_block=1 * KiB,  # the runtime keeps 1 KiB per block on sm_80 and later
+        registers_per_unit=_ds(65536, "registers", f"{tuning}: 64K 32-bit registers per SM"),
+        max_registers_per_thread=255, max_threads_per_unit=threads, max_blocks_per_unit=blocks)
+
+
+def _h100_like(key, name, ds, bandwidth, memory, measured=None, note=""):
+    return Hardware(
+        key=key, name=name, family="gpu",
+        peak_flops={
+            "float8_e4m3fn": _ds(1979 * TERA, "FLOP/s", f"{ds}: FP8 Tensor Core (3,958 with sparsity)"),
+            "float16": _ds(989.5 * TERA, "FLOP/s", f"{ds}: FP16 Tensor Core (1,979 with sparsity)"),
+            "bfloat16": _ds(989.5 * TERA, "FLOP/s", f"{ds}: BF16 Tensor Core (1,979 with sparsity)"),
+            "float32": _ds(67 * TERA, "FLOP/s", f"{ds}: FP32 (no tensor cores)"),
+            "float64": _ds(34 * TERA, "FLOP/s", f"{ds}: FP64 (no tensor cores)"),
+        },
+        bandwidth=_ds(bandwidth * TERA, "B/s", f"{ds}: GPU memory bandwidth"),
+        memory=_ds(memory * 1e9, "B", f"{ds}: GPU memory"),
+        units=_ds(132, "SMs", f"{ds} / Hopper architecture whitepaper: 132 SMs on the SXM5 part"),
+        exp_per_s=Figure(3.9 * TERA, "exp/s", _FA3, PAPER),
+        measured=measured or {}, note=note,
+        **_cuda_limits(_HOPPER_TUNING, 228, 227, 2048, 32))
+
+
+HARDWARE: dict = {}
+
+
+def _add(hw: Hardware):
+    HARDWARE[hw.key] = hw
+
+
+_add(_h100_like("h100_sxm", "NVIDIA H100 SXM", _H100_DS, 3.35, 80))
+_add(_h100_like(
+    "h200", "NVIDIA H200 SXM", _H200_DS, 4.8, 141,
+    measured={
+        "bandwidth": Figure(3.8 * TERA, "B/s", f"{_GPU_MD}: device copy, read + write", MEASURED, "2026-11-30"),
+        "flops:float32": Figure(51 * TERA, "FLOP/s", f"{_GPU_MD}: cuBLAS fp32 sgemm, TF32 off (SIMT)",
+                                MEASURED, "2026-11-30"),
+    },
+    note="The course's reference GPU. Same chip as the H100, more and faster HBM (HBM3e)."))
+_add(Hardware(
+    key="a100_80gb", name="NVIDIA A100 80GB SXM", family="gpu",
+    peak_flops={
+        "float16": _ds(312 * TERA, "FLOP/s", f"{_A100_DS}: FP16 Tensor Core"),
+        "bfloat16": _ds(312 * TERA, "FLOP/s", f"{_A100_DS}: BF16 Tensor Core"),
+        "float32": _ds(19.5 * TERA, "FLOP/s", f"{_A100_DS}: FP32"),
+        "float64": _ds(9.7 * TERA, "FLOP/s", f"{_A100_DS}: FP64"),
+    },
+    bandwidth=_ds(2.039 * TERA, "B/s", f"{_A100_DS}: GPU memory bandwidth"),
+    memory=_ds(80e9, "B", f"{_A100_DS}: GPU memory"),
+    units=_ds(108, "SMs", "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs"),
+    **_cuda_limits(_AMPERE_TUNING, 164, 163, 2048, 32)))
+_add(Hardware(
+    key="rtx_4090", name="NVIDIA GeForce RTX 4090", family="gpu",
+    peak_flops={
+        "float16": _ds(165.2 * TERA, "FLOP/s", f"{_ADA_WP}: FP16 Tensor (330.3 with sparsity)"),
+        "bfloat16": _ds(165.2 * TERA, "FLOP/s", f"{_ADA_WP}: BF16 Tensor (330.3 with sparsity)"),
+        "float32": _ds(82.6 * TERA, "FLOP/s", f"{_ADA_WP}: FP32 shader"),
+    },
+    bandwidth=_ds(1.008 * TERA, "B/s", f"{_ADA_WP}: memory bandwidth (GDDR6X)"),
+    memory=_ds(24e9, "B", f"{_ADA_WP}: 24 GB GDDR6X"),
+    units=_ds(128, "SMs", f"{_ADA_WP}: 128 SMs"),
+    **_cuda_limits(_ADA_TUNING, 100, 99, 1536, 24)))
+_add(Hardware(
+    key="l4", name="NVIDIA L4", family="gpu",
+    peak_flops={
+        "float8_e4m3fn": _ds(242.5 * TERA, "FLOP/s", f"{_L4_DS}: FP8 Tensor Core (485 with sparsity)"),
+        "float16": _ds(121 * TERA, "FLOP/s", f"{_L4_DS}: FP16 Tensor Core (242 with sparsity)"),
+        "bfloat16": _ds(121 * TERA, "FLOP/s", f"{_L4_DS}: BF16 Tensor Core (242 with sparsity)"),
+        "float32": _ds(30.3 * TERA, "FLOP/s", f"{_L4_DS}: FP32"),
+    },
+    bandwidth=_ds(300 * GIGA, "B/s", f"{_L4_DS}: GPU memory bandwidth"),
+    memory=_ds(24e9, "B", f"{_L4_DS}: 24 GB GDDR6"),
+    units=_ds(58, "SMs", "NVIDIA Ada GPU architecture whitepaper / L4 product brief: 58 SMs"),
+    **_cuda_limits(_ADA_TUNING, 100, 99, 1536, 24)))
+_add(Hardware(
+    key="laptop_cpu", name="Laptop-class CPU (8 cores, AVX2)", family="cpu",
+    peak_flops={
+        # 8 cores x 3 GHz x 2 FMA units x 8 float32 lanes x 2 FLOP; half that for float64.
+        "float32": _ill(768 * GIGA, "FLOP/s", "8 cores x 3 GHz x 2 FMA x 8 lanes x 2"),
+        "float64": _ill(384 * GIGA, "FLOP/s", "8 cores x 3 GHz x 2 FMA x 4 lanes x 2"),
+        # No native half-precision FMA: bf16 / fp16 are converted to float32 and run at its rate.
+        "bfloat16": _ill(768 * GIGA, "FLOP/s", "converted to float32, float32 rate"),
+        "float16": _ill(768 * GIGA, "FLOP/s", "converted to float32, float32 rate"),
+    },
+    bandwidth=_ill(100 * GIGA, "B/s", "dual-channel LPDDR5"),
+    memory=_ill(16 * GiB, "B", "16 GiB LPDDR5"),
+    sram_per_unit=_ill(1.25 * MiB, "B", "private L2 per core; L1d is 48 KiB"),
+    units=_ill(8, "cores", "8 performance cores"),
+    unit_name="core",
+    exp_per_s=_ill(8 * 3e9 * 8 / 10, "exp/s", "8 cores x 3 GHz x 8 lanes, ~10 cycles per vector exp"),
+    note="A tile lives in a core's L2; the 'SRAM' is a cache, so what a core keeps there is a hope, not a guarantee."))
+_add(Hardware(
+    key="edge_npu", name="Edge NPU (256 KiB SRAM, DMA-fed)", family="npu",
+    peak_flops={
+        "int8": _ill(4 * TERA, "OP/s", "a 4 TOPS int8 MAC array"),
+        "float16": _ill(1 * TERA, "FLOP/s", "the same array at a quarter of the int8 rate"),
+        "bfloat16": _ill(1 * TERA, "FLOP/s", "the same array at a quarter of the int8 rate"),
+        "float32": _ill(25 * GIGA, "FLOP/s", "a small float32 vector unit beside the array"),
+    },
+    bandwidth=_ill(8.5 * GIGA, "B/s", "LPDDR4X shared with the host, reached through DMA"),
+    memory=_ill(2 * GiB, "B", "the share of system DRAM the NPU may use"),
+    sram_per_unit=_ill(256 * KiB, "B", "one scratchpad, filled and drained by DMA"),
+    units=_ill(1, "NPU", "one MAC array"),
+    unit_name="NPU",
+    exp_per_s=_ill(2 * GIGA, "exp/s", "a lookup-table activation unit"),
+    note="No caches: software moves every tile in and out of the scratchpad with DMA, so the IO model is exact."))
+_add(Hardware(
+    key="riscv_manycore", name="Many-core RISC-V (64 cores, shared cluster SRAM)", family="riscv",
+    peak_flops={
+        "float32": _ill(128 * GIGA, "FLOP/s", "64 cores x 1 GHz x 1 FMA x 2"),
+        "float16": _ill(256 * GIGA, "FLOP/s", "2-way packed-SIMD half precision"),
+        "bfloat16": _ill(256 * GIGA, "FLOP/s", "2-way packed-SIMD half precision"),
+        "float64": _ill(64 * GIGA, "FLOP/s", "64 cores x 1 GHz x 1 FMA x 2, every other cycle"),
+    },
+    bandwidth=_ill(25.6 * GIGA, "B/s", "one DDR4 channel"),
+    memory=_ill(4 * GiB, "B", "4 GiB DDR4"),
+    sram_per_unit=_ill(128 * KiB, "B", "128 KiB SRAM shared by the 8 cores of a cluster, DMA-fed"),
+    units=_ill(8, "clusters", "8 clusters of 8 cores"),
+    unit_name="cluster",
+    exp_per_s=_ill(6.4 * GIGA, "exp/s", "64 cores, ~10 cycles per software exp"),
+    note="A tile lives in a cluster's shared SRAM; its 8 cores split the tile's rows."))
+
+
+def hardware(key_or_hw) -> Hardware:
+    """A preset by key (``"h100_sxm"``) or name, or a ``Hardware`` passed through."""
+    if isinstance(key_or_hw, Hardware):
+        return key_or_hw
+    if key_or_hw in HARDWARE:
+        return HARDWARE[key_or_hw]
+    for hw in HARDWARE.values():
+        if hw.name == key_or_hw:
+            return hw
+    raise ValueError(f"unknown hardware {key_or_hw!r}; presets: {sorted(HARDWARE)}")
+
+
+def preset_table(dtype="float16") -> list:
+    """One row per preset: the figures chapter 02 tabulates, with their kinds."""
+    rows = []
+    for hw in HARDWARE.values():
+        used = hw.rate_dtype(dtype)
+        fig = hw.peak_flops[used]
+        rows.append(dict(key=hw.key, name=hw.name, dtype=used, peak_tflops=float(fig) / TERA,
+                         bandwidth_tbs=float(hw.bandwidth) / TERA, ridge=hw.ridge(used),
+                         sram_kib=float(hw.sram_per_unit) / KiB, units=int(float(hw.units)),
+                         kind=fig.kind))
+    return rows
+
+
+def format_table(rows) -> str:
+    """The preset table as fixed-width text (deterministic, for notebooks)."""
+    lines = [f"{'machine':<50}{'dtype':<10}{'peak TFLOP/s':>13}{'TB/s':>8}{'ridge F/B':>11}"
+             f"{'SRAM KiB':>10}{'units':>7}  kind"]
+    for r in rows:
+        lines.append(f"{r['name']:<50}{r['dtype']:<10}{r['peak_tflops']:>13.4g}{r['bandwidth_tbs']:>8.3g}"
+                     f"{r['ridge']:>11.4g}{r['sram_kib']:>10.4g}{r['units']:>7}  {r['kind']}")
+    return "\n".join(lines)
+
+
+# -- measuring this machine ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measurement:
+    """This machine, measured with numpy: the figures behind its roofline.
+
+    bandwidth: bytes/s of ``np.copyto`` on arrays far larger than the caches
+    (read + write counted); flops: dtype name -> FLOP/s of ``np.matmul`` on
+    square matrices; exp_per_s: float32 ``np.exp`` results per second.  All
+    best-of-repeats, so they are what this machine reaches, not an average.
+    """
+
+    bandwidth: float
+    flops: dict
+    exp_per_s: float
+    cpu: str
+    threads: int
+    date: str
+    sram_per_core: int | None = None  # L2 bytes per core, from /sys, when the OS says
+
+    def figure(self, what: str, value: float, unit: str) -> Figure:
+        return Figure(value, unit, f"measured with numpy by measure_this_machine() on {self.cpu}: {what}",
+                      MEASURED, self.date)
+
+    def as_hardware(self) -> Hardware:
+        """This machine as a ``Hardware`` (every figure of kind "measured")."""
+        measured = {"bandwidth": self.figure("np.copyto", self.bandwidth, "B/s")}
+        measured.update({f"flops:{k}": self.figure(f"np.matmul {k}", v, "FLOP/s") for k, v in self.flops.items()})
+        sram = self.sram_per_core or 1 * MiB
+        return Hardware(
+            key="this_machine", name=f"this machine ({self.cpu})", family="cpu",
+            peak_flops={k: measured[f"flops:{k}"] for k in self.flops},
+            bandwidth=measured["bandwidth"],
+            sram_per_unit=Figure(sram, "B", "L2 per core as /sys reports it" if self.sram_per_core
+                                 else "unknown: 1 MiB assumed", MEASURED, self.date),
+            units=Figure(self.threads, "cores", "os.sched_getaffinity", MEASURED, self.date), unit_name="core",
+            exp_per_s=self.figure("np.exp float32", self.exp_per_s, "exp/s"),
+            measured=measured, note="measured by measure_this_machine()")
+
+    def ridge(self, dtype="float32") -> float:
+        return self.flops[_dtype_name(dtype)] / self.bandwidth
+
+    def summary(self) -> str:
+        flops = ", ".join(f"{k} matmul {v / GIGA:.1f} GFLOP/s" for k, v in self.flops.items())
+        return (f"{self.cpu}, {self.threads} core(s): copy {self.bandwidth / GIGA:.1f} GB/s, {flops}, "
+                f"exp {self.exp_per_s / GIGA:.2f} G/s")
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()  # warm up: page in the buffers, load the BLAS
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def _cpu_model() -> str:
+    try:
+        from .envreport import cpu_model  # chapter 00's report, when it is there
+        return cpu_model()
+    except ImportError:
+        import platform
+        return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _l2_per_core() -> int | None:
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(base)):
+            with open(f"{base}/{index}/level") as f:
+                level = f.read().strip()
+            with open(f"{base}/{index}/size") as f:
+                size = f.read().strip()
+            if level == "2" and size.endswith("K"):
+                return int(size[:-1]) * KiB
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def measure_this_machine(*, copy_mib: int = 64, matmul_n: int = 512, exp_n: int = 1 << 22,
+                         repeats: int = 3) -> Measurement:
+    """Measure copy bandwidth, matmul FLOP/s and exp throughput with numpy (about 1-3 s).
+
+    The figures are what numpy reaches here, with the threads the BLAS uses:
+    a lower bound on the machine's peak, and the roofline this course's numpy
+    kernels actually live under.
+    """
+    rng = np.random.default_rng(0)
+    src = np.ones(copy_mib * MiB // 8)
+    dst = np.empty_like(src)
+    bandwidth = 2 * src.nbytes / _best_time(lambda: np.copyto(dst, src), repeats)
+    flops = {}
+    for dtype in (np.float32, np.float64):
+        a = rng.standard_normal((matmul_n, matmul_n)).astype(dtype)
+        b = rng.standard_normal((matmul_n, matmul_n)).astype(dtype)
+        out = np.empty_like(a)
+        flops[np.dtype(dtype).name] = 2 * matmul_n ** 3 / _best_time(lambda: np.matmul(a, b, out=out), repeats)
+    x = rng.standard_normal(exp_n).astype(np.float32)
+    y = np.empty_like(x)
+    exp_per_s = exp_n / _best_time(lambda: np.exp(x, out=y), repeats)
+    try:
+        threads = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        threads = os.cpu_count() or 1
+    return Measurement(bandwidth=bandwidth, flops=flops, exp_per_s=exp_per_s, cpu=_cpu_model(),
+                       threads=threads, date=datetime.date.today().isoformat(), sram_per_core=_l2_per_core())
+
+
+# -- drawing ----------------------------------------------------------------------
+
+_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
+
+
+def draw_roofline(ax, machines, points=(), *, dtype="float16", source="datasheet",
+                  intensity_range=(0.1, 1e4), show_ridge=True):
+    """Draw roofs of ``machines`` and ``points`` on a matplotlib Axes (log-log).
+
+    machines: Hardware presets or keys (a ``Measurement`` is drawn dashed, as
+    measured); points: dicts with ``intensity`` (FLOP/byte), ``flops`` (FLOP/s)
+    and ``label`` (optionally ``marker``, ``colour``).  A machine without a peak
+    for ``dtype`` is drawn with the peak of ``Hardware.rate_dtype`` and says so in the legend.
+    """
+    xs = np.logspace(math.log10(intensity_range[0]), math.log10(intensity_range[1]), 256)
+    for n, machine in enumerate(machines):
+        measured = isinstance(machine, Measurement)
+        hw = machine.as_hardware() if measured else hardware(machine)
+        used = hw.rate_dtype(dtype)
+        src = "measured" if measured else source
+        colour = _COLOURS[n % len(_COLOURS)]
+        style = "--" if measured or src == "measured" else "-"
+        kind = "measured" if measured else hw.peak_flops[used].kind
+        label = f"{hw.name} [{used}, {kind}]"
+        ax.plot(xs, hw.attainable(xs, used, src), style, color=colour, lw=1.6, label=label)
+        if show_ridge:
+            ridge = hw.ridge(used, src)
+            if intensity_range[0] < ridge < intensity_range[1]:
+                ax.plot([ridge], [hw.peak(used, src)], "o", color=colour, ms=4)
+    for p in points:
+        ax.plot([p["intensity"]], [p["flops"]], p.get("marker", "*"), ms=11,
+                color=p.get("colour", "black"), label=p.get("label"), zorder=5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def plot_roofline(machines=("h100_sxm", "a100_80gb", "l4"), points=(), *, dtype="float16",
+                  source="datasheet", title=None, figsize=(7.5, 4.5)):
+    """A roofline figure of ``machines`` with ``points`` on it (see ``draw_roofline``)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=figsize)
+    draw_roofline(ax, machines, points, dtype=dtype, source=source)
+    ax.set_title(title or f"Roofline ({_dtype_name(dtype)})", fontsize=10)
+    fig.tight_layout()
+    return fig

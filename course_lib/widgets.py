@@ -1,0 +1,375 @@
+"""The course's interactive explorers, each with a static twin.
+
+Every explorer is an ``ipywidgets`` box (``Explorer``) holding its controls,
+a text summary and the figure as a PNG image.  Moving a control recomputes
+the numbers (kept in ``explorer.result``) and redraws.  The static twin is a
+plain function that draws the same figure with matplotlib, so a notebook reads
+the same in nbviewer and executes under nbval, where no widget ever renders.
+
+    explorer = tile_size_explorer()        # in JupyterLab
+    explorer.controls["block_q"].value = 128
+    explorer.result.budget.total_bytes     # what it now shows
+    fig = tile_size_figure(block_q=128)    # the same figure, static
+
+Sections, one per chapter; later chapters add theirs at the end:
+  the Explorer box          (shared)
+  tile_size_explorer        (chapter 03: tiling and the SRAM budget)
+  roofline_explorer         (chapter 02: the roofline)
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import html
+import io
+from dataclasses import dataclass
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+import numpy as np
+
+from . import checks, iomodel, roofline, sram
+
+POWERS_OF_TWO_TILES = (16, 32, 64, 128, 256)
+HEAD_DIMS = (32, 64, 128, 256)
+DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")
+SEQLENS = tuple(2 ** p for p in range(8, 18))  # 256 .. 131072
+
+
+def _hardware_options():
+    return [(hw.name, key) for key, hw in roofline.HARDWARE.items()]
+
+
+# -- the Explorer box -----------------------------------------------------------------
+
+def _import_widgets():
+    try:
+        import ipywidgets
+    except ImportError as err:  # pragma: no cover - ipywidgets is a course dependency
+        raise ImportError("the explorers need ipywidgets 8: pip install 'ipywidgets>=8'") from err
+    return ipywidgets
+
+
+def _png(draw, result, figsize) -> bytes:
+    """Draw on a figure that pyplot does not track (no stray inline copies) and return PNG bytes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    draw(fig, result)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    return buf.getvalue()
+
+
+def _explorer_class():
+    widgets = _import_widgets()
+
+    class Explorer(widgets.VBox):
+        """Controls, a summary (``summary.value`` is HTML) and the figure (``image.value`` is PNG bytes).
+
+        ``controls``: name -> widget, set ``.value`` to drive it; ``result``: the
+        numbers behind what is shown now; ``error``: the message when the last
+        update failed (also shown in the summary), else None.
+        """
+
+        def __init__(self, name, controls, compute, draw, figsize):
+            self.controls = controls
+            self._compute, self._draw, self._figsize = compute, draw, figsize
+            self.result, self.error = None, None
+            self._holding = False
+            self.summary = widgets.HTML()
+            self.summary.add_class("explorer-summary")
+            self.image = widgets.Image(format="png")
+            self.image.add_class("explorer-figure")
+            for key, control in controls.items():
+                control.add_class(f"control-{key}")
+                control.observe(self.update, names="value")
+            rows = [widgets.HBox(list(controls.values())[i:i + 3]) for i in range(0, len(controls), 3)]
+            super().__init__(rows + [self.summary, self.image])
+            self.add_class(name)
+            self.update()
+
+        def values(self) -> dict:
+            return {key: control.value for key, control in self.controls.items()}
+
+        @contextlib.contextmanager
+        def batch(self):
+            """Set several controls at once and recompute once, on leaving the block."""
+            self._holding = True
+            try:
+                yield self
+            finally:
+                self._holding = False
+                self.update()
+
+        def update(self, change=None):
+            """Recompute from the controls and redraw (a control's observer)."""
+            if self._holding:
+                return
+            try:
+                result = self._compute(**self.values())
+            except (ValueError, MemoryError) as err:  # a learner's choice the models reject
+                self.error = str(err)
+                self.summary.value = f"<pre style='color:#b00'>{html.escape(self.error)}</pre>"
+                return
+            png = _png(self._draw, result, self._figsize)
+            self.result, self.error = result, None
+            self.image.value = png  # the figure first, so that a changed summary means both are new
+            self.summary.value = f"<pre style='line-height:1.25'>{html.escape(result.summary())}</pre>"
+
+    return Explorer
+
+
+def _selection_slider(widgets, label, options, value):
+    return widgets.SelectionSlider(description=label, options=list(options), value=value,
+                                   continuous_update=False, style={"description_width": "initial"})
+
+
+def _dropdown(widgets, label, options, value):
+    return widgets.Dropdown(description=label, options=options, value=value,
+                            style={"description_width": "initial"})
+
+
+# -- chapter 03: the tile-size explorer ---------------------------------------------------
+
+@dataclass(frozen=True)
+class TileSizeResult:
+    """Everything the tile-size explorer shows for one setting of its controls."""
+
+    block_q: int
+    block_k: int
+    head_dim: int
+    dtype: str
+    hardware: str  # preset key
+    seqlen: int
+    budget: sram.TileBudget
+    occupancy: sram.Occupancy
+    naive: iomodel.Traffic  # at seqlen, fused softmax
+    flash: iomodel.Traffic  # FA2 loop order at seqlen
+    naive_bound: iomodel.Bound
+    flash_bound: iomodel.Bound
+    run_dtype: str  # the dtype the small run used
+    run_shape: tuple  # (Nq, Nk) of the small run
+    error: np.ndarray  # |tiled kernel - reference|, (Nq, D) of the small run
+    max_error: float
+    within_tolerance: bool
+
+    def summary(self) -> str:
+        hw = roofline.hardware(self.hardware)
+        b, o = self.budget, self.occupancy
+        lines = [
+            f"tile Br={self.block_q} Bc={self.block_k}, D={self.head_dim}, {self.dtype} on {hw.name}",
+            f"SRAM budget: {b.shared_bytes:,} B shared + {b.register_bytes:,} B registers "
+            f"= {b.total_bytes:,} B on chip",
+            f"fits: {'yes' if o.fits else 'NO'}; {o.reason}",
+            f"HBM traffic at N={self.seqlen}: naive {self.naive.bytes / 2**20:,.1f} MiB, "
+            f"FlashAttention-2 {self.flash.bytes / 2**20:,.1f} MiB "
+            f"({self.naive.bytes / self.flash.bytes:.1f}x less)",
+            f"intensity: naive {self.naive.intensity:.1f}, flash {self.flash.intensity:.1f} FLOP/B "
+            f"(ridge {hw.ridge(self._peak_dtype(hw)):.0f})",
+            f"roofline bound: naive {self.naive_bound.seconds * 1e3:.4g} ms ({self.naive_bound.limiter}), "
+            f"flash {self.flash_bound.seconds * 1e3:.4g} ms ({self.flash_bound.limiter})",
+            f"small run ({self.run_dtype}, Nq={self.run_shape[0]}, Nk={self.run_shape[1]}, tails included): "
+            f"max |error| {self.max_error:.2e}, "
+            f"{'within' if self.within_tolerance else 'OUTSIDE'} the course tolerance",
+        ]
+        return "\n".join(lines)
+
+    def _peak_dtype(self, hw):
+        return hw.rate_dtype(self.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _small_run(block_q, block_k, head_dim, dtype):
+    """Run the counted FA2 kernel on a small problem with tails; return (Nq, Nk), error map, max, verdict."""
+    from . import api
+
+    nq, nk = 2 * block_q + 5, 2 * block_k + 3  # two full tiles and a tail, in both directions
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, n, head_dim)).astype(dtype) for n in (nq, nk, nk))
+    run = iomodel.run_counted(q, k, v, schedule="fa2", block_q=block_q, block_k=block_k)
+    expected = api.attention(q, k, v, impl="reference").astype(np.float64)
+    bound, atol, rtol, rule = checks.attention_tolerance(q, k, v, expected)
+    verdict = checks.compare("tiled", run.out, expected, bound=bound, atol=atol, rtol=rtol, rule=rule)
+    error = np.abs(run.out.astype(np.float64) - expected)[0, 0]
+    return (nq, nk), error, float(error.max()), verdict.passed
+
+
+def tile_size_numbers(block_q=64, block_k=64, head_dim=64, dtype="float16", hardware="h100_sxm",
+                      seqlen=4096) -> TileSizeResult:
+    """The numbers behind the tile-size explorer (and its static twin)."""
+    hw = roofline.hardware(hardware)
+    dtype = sram.dtype_name(dtype)
+    budget = sram.tile_budget(block_q, block_k, head_dim, dtype)
+    naive = iomodel.naive_io(seqlen, seqlen, head_dim, dtype)
+    flash = iomodel.flash_io(seqlen, seqlen, head_dim, dtype, block_q=block_q, block_k=block_k)
+    # float8 is not an input dtype of course_lib.attention: the small run uses bfloat16 then
+    run_dtype = dtype if dtype in ("float32", "float16", "bfloat16", "float64") else "bfloat16"
+    shape, error, max_error, ok = _small_run(block_q, block_k, head_dim, np.dtype(run_dtype))
+    return TileSizeResult(
+        block_q, block_k, head_dim, dtype, hw.key, seqlen, budget, sram.occupancy(budget, hw),
+        naive, flash, iomodel.time_bound(naive, hw, dtype), iomodel.time_bound(flash, hw, dtype),
+        run_dtype, shape, error, max_error, ok)
+
+
+def _draw_tile_size(fig, r: TileSizeResult):
+    ax_budget, ax_io, ax_err = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.5, 1, 1]})
+    sram.draw_budget(ax_budget, r.budget, r.hardware)
+    ax_budget.set_title(f"SRAM budget: {'fits' if r.occupancy.fits else 'does NOT fit'}"
+                        f" ({r.occupancy.blocks_per_unit} per {roofline.hardware(r.hardware).unit_name})",
+                        fontsize=9, color="black" if r.occupancy.fits else "red")
+    names = ["naive", "flash (FA2)"]
+    traffic = [r.naive.bytes / 2**20, r.flash.bytes / 2**20]
+    bars = ax_io.bar(names, traffic, color=["#d62728", "#1f77b4"])
+    for bar, t, bound in zip(bars, traffic, (r.naive_bound, r.flash_bound)):
+        ax_io.text(bar.get_x() + bar.get_width() / 2, t, f"{t:,.0f} MiB\n>= {bound.seconds * 1e3:.3g} ms",
+                   ha="center", va="bottom", fontsize=7)
+    ax_io.set_ylim(0, max(traffic) * 1.3)
+    ax_io.set_ylabel("HBM traffic (MiB)")
+    ax_io.set_title(f"N = {r.seqlen}: traffic and time bound", fontsize=9)
+    image = ax_err.imshow(r.error, aspect="auto", cmap="viridis", interpolation="nearest")
+    for row in range(r.block_q, r.run_shape[0], r.block_q):  # query tile edges
+        ax_err.axhline(row - 0.5, color="white", lw=0.8, ls="--")
+    fig.colorbar(image, ax=ax_err, fraction=0.08)
+    ax_err.set_title(f"|tiled - reference|, max {r.max_error:.1e} ({r.run_dtype})", fontsize=9)
+    ax_err.set_xlabel("head dim")
+    ax_err.set_ylabel("query row (dashed: tile edges)")
+    fig.tight_layout()
+
+
+def tile_size_figure(block_q=64, block_k=64, head_dim=64, dtype="float16", hardware="h100_sxm", seqlen=4096):
+    """Static twin of ``tile_size_explorer``: the same three panels for one setting."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=TILE_SIZE_FIGSIZE)
+    _draw_tile_size(fig, tile_size_numbers(block_q, block_k, head_dim, dtype, hardware, seqlen))
+    return fig
+
+
+TILE_SIZE_FIGSIZE = (12, 3.4)
+
+
+def tile_size_explorer(block_q=64, block_k=64, head_dim=64, dtype="float16", hardware="h100_sxm", seqlen=4096):
+    """Br, Bc, D, dtype, hardware, N -> SRAM budget bars, HBM traffic, intensity, roofline bound,
+    and the tiled kernel's elementwise error on a small problem with those tiles."""
+    widgets = _import_widgets()
+    controls = {
+        "block_q": _selection_slider(widgets, "Br (query rows)", POWERS_OF_TWO_TILES, block_q),
+        "block_k": _selection_slider(widgets, "Bc (keys)", POWERS_OF_TWO_TILES, block_k),
+        "head_dim": _dropdown(widgets, "D", list(HEAD_DIMS), head_dim),
+        "dtype": _dropdown(widgets, "dtype", list(DTYPES), sram.dtype_name(dtype)),
+        "hardware": _dropdown(widgets, "hardware", _hardware_options(), roofline.hardware(hardware).key),
+        "seqlen": _selection_slider(widgets, "N", SEQLENS, seqlen),
+    }
+    return _explorer_class()("tile-size-explorer", controls, tile_size_numbers, _draw_tile_size,
+                             TILE_SIZE_FIGSIZE)
+
+
+# -- chapter 02: the roofline explorer --------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def this_machine() -> roofline.Measurement:
+    """``roofline.measure_this_machine()``, measured once per session."""
+    return roofline.measure_this_machine()
+
+
+@dataclass(frozen=True)
+class RooflineResult:
+    """What the roofline explorer shows: each schedule's intensity and bound, on a preset and here."""
+
+    hardware: str
+    seqlen: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    show: str  # "naive", "flash" or "both"
+    traffic: dict  # schedule -> Traffic
+    bounds: dict  # schedule -> Bound on the preset (datasheet figures)
+    here: dict  # schedule -> Bound on this machine (measured figures)
+    measurement: roofline.Measurement
+
+    def schedules(self):
+        return ["naive", "fa2"] if self.show == "both" else (["naive"] if self.show == "naive" else ["fa2"])
+
+    def summary(self) -> str:
+        hw = roofline.hardware(self.hardware)
+        peak_dtype = hw.rate_dtype(self.dtype)
+        lines = [f"{hw.name}, N={self.seqlen}, D={self.head_dim}, {self.dtype}"
+                 f"{', causal' if self.causal else ''}: ridge {hw.ridge(peak_dtype):.1f} FLOP/B "
+                 f"({peak_dtype}, {hw.peak_flops[peak_dtype].kind})"]
+        for s in self.schedules():
+            t, b, h = self.traffic[s], self.bounds[s], self.here[s]
+            name = "naive" if s == "naive" else "flash (FA2)"
+            lines.append(f"{name:<12} intensity {t.intensity:7.1f} FLOP/B; {hw.key}: >= {b.seconds * 1e3:.4g} ms, "
+                         f"{b.flops_per_s / 1e12:.4g} TFLOP/s ({b.limiter}-bound); "
+                         f"this machine: >= {h.seconds * 1e3:.4g} ms ({h.limiter}-bound)")
+        return "\n".join(lines)
+
+
+def roofline_numbers(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float16", causal=False, show="both",
+                     measurement: roofline.Measurement | None = None) -> RooflineResult:
+    """The numbers behind the roofline explorer (and its static twin)."""
+    if show not in ("naive", "flash", "both"):
+        raise ValueError(f"show must be 'naive', 'flash' or 'both', got {show!r}")
+    hw = roofline.hardware(hardware)
+    dtype = sram.dtype_name(dtype)
+    measurement = measurement or this_machine()
+    traffic = {"naive": iomodel.naive_io(seqlen, seqlen, head_dim, dtype, causal=causal),
+               "fa2": iomodel.flash_io(seqlen, seqlen, head_dim, dtype, causal=causal, block_q=128, block_k=64)}
+    bounds = {s: iomodel.time_bound(t, hw, dtype) for s, t in traffic.items()}
+    here = {s: iomodel.time_bound(t, measurement, "float32") for s, t in traffic.items()}
+    return RooflineResult(hw.key, seqlen, head_dim, dtype, bool(causal), show, traffic, bounds, here, measurement)
+
+
+def _draw_roofline(fig, r: RooflineResult):
+    ax = fig.subplots()
+    hw = roofline.hardware(r.hardware)
+    points = []
+    markers = {"naive": ("o", "#d62728", "naive"), "fa2": ("*", "#1f77b4", "flash (FA2)")}
+    for s in r.schedules():
+        marker, colour, name = markers[s]
+        t = r.traffic[s]
+        points.append(dict(intensity=t.intensity, flops=r.bounds[s].flops_per_s, marker=marker, colour=colour,
+                           label=f"{name} on {hw.key}"))
+        points.append(dict(intensity=t.intensity, flops=r.here[s].flops_per_s, marker=marker, colour="#555555",
+                           label=f"{name} on this machine"))
+    roofline.draw_roofline(ax, [hw, r.measurement], points, dtype=r.dtype, intensity_range=(0.5, 3e3))
+    exp_roof = r.measurement.exp_per_s * r.traffic["fa2"].flops / r.traffic["fa2"].exps
+    ax.axhline(exp_roof, color="#555555", ls=":", lw=1.2)
+    ax.text(0.6, exp_roof * 1.15, "this machine's exp roof (numpy exp x FLOP per exp)", fontsize=7)
+    if hw.exp_per_s is not None:
+        hw_exp = float(hw.exp_per_s) * r.traffic["fa2"].flops / r.traffic["fa2"].exps
+        ax.axhline(hw_exp, color="#1f77b4", ls=":", lw=1.2)
+        ax.text(0.6, hw_exp * 1.15, f"{hw.key} exp roof ({hw.exp_per_s.kind})", fontsize=7)
+    ax.set_title(f"Attention on the roofline: N={r.seqlen}, D={r.head_dim}, {r.dtype}"
+                 f"{', causal' if r.causal else ''}", fontsize=10)
+    fig.tight_layout()
+
+
+ROOFLINE_FIGSIZE = (8, 4.8)
+
+
+def roofline_figure(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float16", causal=False, show="both",
+                    measurement: roofline.Measurement | None = None):
+    """Static twin of ``roofline_explorer``."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=ROOFLINE_FIGSIZE)
+    _draw_roofline(fig, roofline_numbers(hardware, seqlen, head_dim, dtype, causal, show, measurement))
+    return fig
+
+
+def roofline_explorer(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float16", causal=False, show="both",
+                      measurement: roofline.Measurement | None = None):
+    """Hardware, N, D, dtype, causal, naive vs flash -> points on the roofline, with this machine's."""
+    widgets = _import_widgets()
+    measurement = measurement or this_machine()
+    controls = {
+        "hardware": _dropdown(widgets, "hardware", _hardware_options(), roofline.hardware(hardware).key),
+        "seqlen": _selection_slider(widgets, "N", SEQLENS, seqlen),
+        "head_dim": _dropdown(widgets, "D", list(HEAD_DIMS), head_dim),
+        "dtype": _dropdown(widgets, "dtype", list(DTYPES), sram.dtype_name(dtype)),
+        "causal": widgets.Checkbox(description="causal", value=bool(causal)),
+        "show": widgets.ToggleButtons(options=["naive", "flash", "both"], value=show),
+    }
+    compute = functools.partial(roofline_numbers, measurement=measurement)
+    return _explorer_class()("roofline-explorer", controls, compute, _draw_roofline, ROOFLINE_FIGSIZE)

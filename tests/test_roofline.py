@@ -1,0 +1,148 @@
+"""The roofline presets, their sources, and this machine measured (chapter 02)."""
+import math
+
+import matplotlib
+import pytest
+
+from course_lib import roofline
+from course_lib.roofline import DATASHEET, ILLUSTRATIVE, MEASURED, Figure
+
+matplotlib.use("Agg")
+REQUIRED = ("h100_sxm", "h200", "a100_80gb", "rtx_4090", "l4", "laptop_cpu", "edge_npu", "riscv_manycore")
+TERA, GIGA, KiB = 1e12, 1e9, 1024
+
+
+def test_the_presets_the_course_promises_are_all_there():
+    assert set(REQUIRED) <= set(roofline.HARDWARE)
+
+
+@pytest.mark.parametrize("key", REQUIRED)
+def test_every_figure_of_a_preset_carries_a_source_and_a_kind(key):
+    hw = roofline.HARDWARE[key]
+    figures = hw.figures()
+    for name in ("bandwidth", "sram_per_unit", "units"):
+        assert name in figures
+    assert any(name.startswith("flops:") for name in figures)
+    for name, fig in figures.items():
+        assert isinstance(fig, Figure), name
+        assert fig.source.strip(), f"{key} {name} has no source"
+        assert fig.kind in roofline.KINDS
+        assert fig.value > 0 and math.isfinite(fig.value)
+
+
+@pytest.mark.parametrize("key, dtype, flops, bandwidth, smem_kib, sms", [
+    ("h100_sxm", "bfloat16", 989.5, 3.35, 228, 132),
+    ("h100_sxm", "float32", 67, 3.35, 228, 132),
+    ("h200", "float16", 989.5, 4.8, 228, 132),
+    ("a100_80gb", "bfloat16", 312, 2.039, 164, 108),
+    ("a100_80gb", "float32", 19.5, 2.039, 164, 108),
+    ("rtx_4090", "float16", 165.2, 1.008, 100, 128),
+    ("rtx_4090", "float32", 82.6, 1.008, 100, 128),
+    ("l4", "float16", 121, 0.3, 100, 58),
+    ("l4", "float32", 30.3, 0.3, 100, 58),
+])
+def test_gpu_datasheet_figures_are_the_dense_vendor_numbers(key, dtype, flops, bandwidth, smem_kib, sms):
+    hw = roofline.HARDWARE[key]
+    assert hw.peak(dtype) == pytest.approx(flops * TERA)
+    assert hw.memory_bandwidth() == pytest.approx(bandwidth * TERA)
+    assert float(hw.sram_per_unit) == smem_kib * KiB
+    assert float(hw.units) == sms
+    assert hw.peak_flops[dtype].kind == DATASHEET and hw.bandwidth.kind == DATASHEET
+
+
+def test_h200_measured_figures_are_kept_apart_from_its_datasheet():
+    hw = roofline.HARDWARE["h200"]
+    bw, sgemm = hw.measured["bandwidth"], hw.measured["flops:float32"]
+    assert (bw.kind, bw.date, bw.value) == (MEASURED, "2026-11-30", 3.8e12)
+    assert (sgemm.kind, sgemm.date, sgemm.value) == (MEASURED, "2026-11-30", 51e12)
+    assert all(f.kind != MEASURED for f in hw.peak_flops.values())  # datasheet table untouched
+    assert hw.memory_bandwidth() == 4.8e12 and hw.memory_bandwidth("measured") == 3.8e12
+    assert hw.peak("float32") == pytest.approx(67e12) and hw.peak("float32", "measured") == 51e12
+    assert hw.ridge("float32", "measured") == pytest.approx(51 / 3.8)
+
+
+@pytest.mark.parametrize("key", ["laptop_cpu", "edge_npu", "riscv_manycore"])
+def test_class_typical_presets_say_they_are_illustrative_not_a_product(key):
+    for name, fig in roofline.HARDWARE[key].figures().items():
+        assert fig.kind == ILLUSTRATIVE, name
+        assert "not a product datasheet" in fig.source
+
+
+def test_the_edge_npu_has_a_few_hundred_kib_of_sram_and_the_riscv_part_shares_sram_per_cluster():
+    npu, rv = roofline.HARDWARE["edge_npu"], roofline.HARDWARE["riscv_manycore"]
+    assert 128 * KiB <= float(npu.sram_per_unit) <= 1024 * KiB
+    assert "DMA" in npu.sram_per_unit.source
+    assert rv.unit_name == "cluster" and "shared" in rv.sram_per_unit.source
+
+
+def test_a_measured_figure_needs_a_date_and_a_known_kind():
+    with pytest.raises(ValueError, match="date"):
+        Figure(1.0, "B/s", "somewhere", MEASURED)
+    with pytest.raises(ValueError, match="kind"):
+        Figure(1.0, "B/s", "somewhere", "rumour")
+
+
+def test_ridge_is_peak_over_bandwidth_and_attainable_is_the_lower_roof():
+    hw = roofline.HARDWARE["a100_80gb"]
+    assert hw.ridge("float16") == pytest.approx(312e12 / 2.039e12)
+    assert hw.attainable(10, "float16") == pytest.approx(10 * 2.039e12)  # memory roof
+    assert hw.attainable(1000, "float16") == pytest.approx(312e12)  # compute roof
+    assert hw.attainable(hw.ridge("float16"), "float16") == pytest.approx(312e12)
+
+
+def test_a_dtype_without_its_own_peak_borrows_the_one_it_runs_at():
+    assert roofline.HARDWARE["a100_80gb"].rate_dtype("float8_e4m3fn") == "float16"  # converted on load
+    assert roofline.HARDWARE["h100_sxm"].rate_dtype("fp8") == "float8_e4m3fn"
+    assert roofline.HARDWARE["edge_npu"].rate_dtype("float64") == "float32"
+    with pytest.raises(ValueError, match="no peak"):
+        roofline.HARDWARE["rtx_4090"].peak("float64")
+
+
+def test_hardware_lookup_by_key_or_name_and_a_clear_error_otherwise():
+    assert roofline.hardware("l4") is roofline.hardware("NVIDIA L4")
+    with pytest.raises(ValueError, match="presets"):
+        roofline.hardware("tpu")
+
+
+def test_preset_table_lists_every_preset_with_its_kind():
+    text = roofline.format_table(roofline.preset_table("float16"))
+    for hw in roofline.HARDWARE.values():
+        assert hw.name in text
+    assert "datasheet" in text and "illustrative" in text
+
+
+def fake_measurement(**changes):
+    values = dict(bandwidth=10e9, flops={"float32": 50e9, "float64": 25e9}, exp_per_s=1e9, cpu="test cpu",
+                  threads=2, date="2026-01-01", sram_per_core=2 * 1024 * 1024)
+    values.update(changes)
+    return roofline.Measurement(**values)
+
+
+def test_measure_this_machine_gives_plausible_positive_finite_figures():
+    m = roofline.measure_this_machine(copy_mib=8, matmul_n=128, exp_n=1 << 16, repeats=1)
+    for value in [m.bandwidth, m.exp_per_s, *m.flops.values()]:
+        assert value > 0 and math.isfinite(value)
+    assert set(m.flops) == {"float32", "float64"}
+    assert 1e6 < m.bandwidth < 1e14  # between a floppy and a stack of HBM
+    assert m.threads >= 1 and m.date
+    assert m.summary().startswith(m.cpu)
+
+
+def test_this_machine_as_hardware_has_only_measured_figures():
+    hw = fake_measurement().as_hardware()
+    assert all(fig.kind == MEASURED for fig in hw.figures().values())
+    assert hw.ridge("float32") == pytest.approx(5.0)
+    assert float(hw.sram_per_unit) == 2 * 1024 * 1024
+
+
+def test_plot_roofline_draws_one_roof_per_machine_and_every_point():
+    fig = roofline.plot_roofline(["h100_sxm", "l4", fake_measurement()],
+                                 points=[dict(intensity=30, flops=1e12, label="a"),
+                                         dict(intensity=300, flops=2e12, label="b")])
+    ax = fig.axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert sum("[" in lab for lab in labels) == 3  # three roofs, each labelled with dtype and kind
+    assert "a" in labels and "b" in labels
+    assert any("measured" in lab for lab in labels)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    matplotlib.pyplot.close(fig)
