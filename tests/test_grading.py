@@ -368,3 +368,37 @@ def test_real_solution_scores_full_points_and_a_partial_one_exactly_its_part(pat
         grade.format_result(results["partial"])
     assert results["partial"].total == (first_points, total)
     assert before == {k: p.read_bytes() for k, p in subs.items()}
+
+
+# An answer that writes into its inputs: zeroing q, k, v in place made the expected
+# value the check computes afterwards from the same arrays zero too, so zeros of the
+# right shape and dtype passed, with the very PASS lines of the solution (1.1 and 1.3
+# scored pass against the check cells before they used checks.readonly).  Now the
+# check cells hand answers read-only arrays, and the write itself raises.
+ZEROING_ANSWERS = {
+    "1.1": "def scores(q, k, scale=None):\n    q[...] = 0\n    k[...] = 0\n"
+           "    return np.zeros(q.shape[:-1] + k.shape[-2:-1], dtype=q.dtype)",
+    "1.3": "def naive_attention(q, k, v, causal=False, scale=None):\n    q[...] = 0\n    k[...] = 0\n    v[...] = 0\n"
+           "    return np.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)",
+}
+
+
+def grade_zeroing_submission(solution_path, tmp_path) -> dict:
+    """{exercise: (status, reason)} of set 01's solution with ZEROING_ANSWERS in place of 1.1 and 1.3."""
+    root = nf.course_around(tmp_path / "course", solution_path)
+    solution = nf.read(solution_path)
+    exercise = nf.read(root / "exercises" / solution_path.name)
+    submission = nf.with_answers(exercise, solution, nf.exercise_names(solution))
+    for name, source in ZEROING_ANSWERS.items():
+        _set_answer(submission, name, source)
+    path = nf.write(submission, tmp_path / "zeroing.ipynb")
+    result = grade.grade(path, grade.Course(root), 300)
+    return {row.exercise: (row.status, row.reason) for row in result.rows}
+
+
+def test_an_answer_that_zeroes_its_inputs_in_place_does_not_pass(tmp_path):
+    rows = grade_zeroing_submission(nf.REPO / "solutions" / "01_naive_attention.ipynb", tmp_path)
+    status = {name: s for name, (s, _) in rows.items()}
+    for name in ("1.1", "1.3", "1.4"):  # 1.4's solution calls the zeroing naive_attention
+        assert status[name] in ("fail", "error"), rows
+    assert [status[name] for name in ("1.2", "1.5", "1.6")] == ["pass"] * 3, rows
