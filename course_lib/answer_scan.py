@@ -16,6 +16,11 @@ exercises needs none of this):
   aliases of them (``np.exp = ...``, ``e = np.linalg; e.norm = ...``);
 - no rebinding, at the top level, of an imported name or of a name a check
   cell reads (``q = np.zeros(...)``, ``q[:] = 0``, ``len = ...``);
+- no ``global`` statements, and no reading of a name that only check cells
+  bind (``cases.clear()`` inside a function);
+- nothing that touches an array's flags (``a.flags[...] = True``,
+  ``setflags``): check cells hand answers read-only arrays;
+- ``getattr`` only with a literal, harmless name (``getattr(x, 'dtype', None)``);
 - none of ``FORBIDDEN_NAMES`` (setattr, exec, open, IPython magics, ...) and
   no dunder names, attributes or strings (``x.__dict__``, ``"__builtins__"``)
   but the few harmless ones read in honest code (``type(x).__name__``).
@@ -123,6 +128,7 @@ class Context:
     imported: set = field(default_factory=set)     # bound by an import, anywhere
     course: set = field(default_factory=set)       # bound from course_lib, or aliases of those
     protected: set = field(default_factory=set)    # read by check cells, bound elsewhere
+    check_only: set = field(default_factory=set)   # bound by check cells and nowhere else
 
     @classmethod
     def of(cls, other_cells, check_cells, answer_cells):
@@ -139,7 +145,23 @@ class Context:
         written = set().union(*(_top_level_names(t, ast.Store) for t in trees["check"]))
         bound = set().union(*(_top_level_names(t, ast.Store) for t in trees["other"]))
         protected = (read - written) & (bound | set(dir(builtins)))
-        return cls(set(imported), course | {"course_lib"}, protected)
+        check_only = written - bound - set(imported) - set(dir(builtins))
+        return cls(set(imported), course | {"course_lib"}, protected, check_only)
+
+
+def _bound_anywhere(tree) -> set:
+    """Every name the cell binds in any scope: assignments, parameters, defs, imports."""
+    names = set(_imports(tree))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
 
 
 def scan_answer(source: str, context: Context) -> list:
@@ -149,6 +171,7 @@ def scan_answer(source: str, context: Context) -> list:
         return []
     modules = _aliases(tree, context.imported | set(_imports(tree)))
     declared_global = {n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names}
+    own = _bound_anywhere(tree)
     reasons = []
 
     def flag(reason):
@@ -172,6 +195,8 @@ def scan_answer(source: str, context: Context) -> list:
                 flag("uses IPython magics or get_ipython: answers must be plain Python")
             elif node.id in FORBIDDEN_NAMES or (_DUNDER.match(node.id) and node.id not in HARMLESS_DUNDERS):
                 flag(f"uses {node.id}")
+            if isinstance(node.ctx, ast.Load) and node.id in context.check_only and node.id not in own:
+                flag(f"reads {node.id}, which only a check cell binds")
             if isinstance(node.ctx, (ast.Store, ast.Del)) and (top or node.id in declared_global):
                 if node.id in context.imported:
                     flag(f"rebinds the imported name {node.id}")
@@ -180,14 +205,22 @@ def scan_answer(source: str, context: Context) -> list:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and top:
             if node.name in context.imported | context.protected:
                 flag(f"redefines {node.name}, which the notebook imports or a check cell reads")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            name = node.args[1] if len(node.args) > 1 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                flag("uses getattr with a computed name")
+            elif name.value in ("flags", "setflags"):
+                flag("touches an array's flags")
+        elif isinstance(node, ast.Global):
+            flag(f"declares global {', '.join(node.names)}: answers return what they compute")
         elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and _DUNDER.match(node.value)
               and node.value not in HARMLESS_DUNDERS):
             flag(f"uses the string {node.value!r}")
         if isinstance(node, ast.Attribute):
             if _DUNDER.match(node.attr) and not (node.attr in HARMLESS_DUNDERS and isinstance(node.ctx, ast.Load)):
                 flag(f"uses .{node.attr}")
-            if node.attr == "setflags" or (node.attr == "writeable" and not isinstance(node.ctx, ast.Load)):
-                flag("changes an array's flags")
+            if node.attr in ("setflags", "flags") or (node.attr == "writeable" and not isinstance(node.ctx, ast.Load)):
+                flag("touches an array's flags")
         if isinstance(node, (ast.Attribute, ast.Subscript)) and not isinstance(node.ctx, ast.Load):
             root = _root(node)
             if root in modules:

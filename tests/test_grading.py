@@ -270,7 +270,8 @@ def test_usage_errors_exit_nonzero(argv, capsys):
 CONTEXT = Context.of(
     other_cells=["import numpy as np\nfrom course_lib import checks\nfrom course_lib.reference import attention_reference\n"
                  "q = np.ones((2, 3))\nscale = 0.5\n%matplotlib inline"],
-    check_cells=["checks.check_close('x', my_attention(q, scale), attention_reference(q))"],
+    check_cells=["cases = [checks.readonly(q)]\nfor case in cases:\n"
+                 "    checks.check_close('x', my_attention(case, scale), attention_reference(case))"],
     answer_cells=[])
 
 HONEST = [
@@ -282,6 +283,8 @@ HONEST = [
     "exp = np.exp\nn_bytes = 8 * q.shape[0]\nresult = [i * i for i in range(3)]",
     "def check(cu):\n    if cu.ndim != 1:\n        raise TypeError(f'got {type(cu).__name__}')",
     "class Acc(dict):\n    def __init__(self):\n        super().__init__()\n    def __len__(self):\n        return 0",
+    "def kind(cu):\n    return getattr(cu, 'dtype', None)",
+    "def area(cases):\n    return [c * 2 for c in cases]",  # a parameter named like a check's global
     "def broken(:\n    pass",  # not Python: it runs, fails, and scores error, not tampered
 ]
 
@@ -314,6 +317,11 @@ TAMPERING = [
     ("np = None", "rebinds the imported name np"),
     ("def attention_reference(q):\n    return q", "redefines attention_reference"),
     ("def f(a):\n    a.setflags(write=True)", "flags"),
+    ("def f(a):\n    a.flags['WRITEABLE'] = True", "flags"),
+    ("def f(a):\n    getattr(a, 'setf' + 'lags')(write=True)", "getattr"),
+    ("def f(a):\n    getattr(a, 'flags')['WRITEABLE'] = True", "flags"),
+    ("def f(a):\n    global n_cases\n    n_cases = 0", "global"),
+    ("def my_attention(q, scale):\n    cases.clear()\n    return q", "reads cases"),
 ]
 
 
