@@ -452,12 +452,19 @@ def _grade(path, course, cell_timeout):
 def grade_all(paths, course: Course, cell_timeout=DEFAULT_TIMEOUT, jobs=1):
     """Grade several submissions, ``jobs`` at a time; yields results in the order of ``paths``.
 
-    Each grading waits on its own nbval subprocess, so threads are enough.
+    Each grading mostly waits on its own nbval subprocess, but its static scan
+    parses Python, and CPython 3.11 can fail ("AST constructor recursion depth
+    mismatch") when two threads parse or compile at once: so parallel grading
+    uses processes, not threads.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    if jobs <= 1:
+        yield from (grade(path, course, cell_timeout) for path in paths)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        yield from pool.map(lambda path: grade(path, course, cell_timeout), paths)
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        yield from pool.map(partial(grade, course=course, cell_timeout=cell_timeout), paths)
 
 
 # -- reporting ---------------------------------------------------------------------
