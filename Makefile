@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (FlashAttention course)" >/dev/null
 	touch $(STAMP)
 
+# JupyterLab refuses to run as root unless told to (containers, Binder-like boxes).
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/00_start_here.ipynb
+	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions $(NBVAL) $(PYTEST_ARGS)
