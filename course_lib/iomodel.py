@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import api, roofline, sram
-from .masks import EMPTY, FULL, MaskSpec
+from .masks import EMPTY, FULL, MaskSpec, tile_ranges
+from .reference import safe_max
 
 SCHEDULES = ("naive", "two_pass", "fa1", "fa2")
 
@@ -99,11 +100,6 @@ def _traffic(schedule, flops, exps, reads, writes) -> Traffic:
     """A Traffic with zero entries dropped, so a model and a count compare equal."""
     clean = lambda d: {k: int(v) for k, v in d.items() if v}  # noqa: E731
     return Traffic(schedule, int(flops), int(exps), clean(reads), clean(writes))
-
-
-def _tiles(n: int, block: int):
-    """(start, stop) of each tile of ``block`` along ``n``; the last one may be short."""
-    return [(s, min(s + block, n)) for s in range(0, n, block)]
 
 
 def _key_tile_ranges(mask: MaskSpec, block_q: int, block_k: int, skip: bool):
@@ -406,28 +402,23 @@ class _Kernel:
             with np.errstate(divide="ignore"):
                 self.hbm.store("lse", where + (slice(q0, q1),), np.where(l == 0, -np.inf, m + np.log(l)))
 
-    @staticmethod
-    def safe(m):
-        """The row max to subtract: 0 where a row has seen no key yet (m = -inf), so exp gives 0, not NaN."""
-        return np.where(np.isneginf(m), 0, m)
-
     # -- the schedules, for one (batch, head) ------------------------------------
     def fa2(self, bq, bk, block_q, block_k):
         chip, hbm, nq, nk = self.chip, self.hbm, self.mask.seqlen_q, self.mask.seqlen_k
-        for q0, q1 in _tiles(nq, block_q):
+        for q0, q1 in tile_ranges(nq, block_q):
             Qi = chip.hold("Q tile", hbm.load("Q", bq + (slice(q0, q1),)))
             m = chip.hold("m (row max)", np.full(q1 - q0, -np.inf, self.acc))
             l = chip.hold("l (row sum)", np.zeros(q1 - q0, self.acc))
             o = chip.hold("O accumulator", np.zeros((q1 - q0, self.dv), self.acc))
-            for k0, k1 in _tiles(nk, block_k):
+            for k0, k1 in tile_ranges(nk, block_k):
                 if not self.visits(q0, q1, k0, k1):
                     continue
                 Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
                 Vj = chip.hold("V tile", hbm.load("V", bk + (slice(k0, k1),)))
                 S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
                 m_new = np.maximum(m, S.max(axis=1))
-                P = self.exp(S - self.safe(m_new)[:, None])  # overwrites S in place on a GPU
-                alpha = np.exp(m - self.safe(m_new))  # rescales what was summed under the old max
+                P = self.exp(S - safe_max(m_new)[:, None])  # overwrites S in place on a GPU
+                alpha = np.exp(m - safe_max(m_new))  # rescales what was summed under the old max
                 l[:] = alpha * l + P.sum(axis=1)
                 o[:] = alpha[:, None] * o + self.pv(P, Vj)
                 m[:] = m_new
@@ -437,10 +428,10 @@ class _Kernel:
 
     def two_pass(self, bq, bk, block_q, block_k):
         chip, hbm, nq, nk = self.chip, self.hbm, self.mask.seqlen_q, self.mask.seqlen_k
-        for q0, q1 in _tiles(nq, block_q):
+        for q0, q1 in tile_ranges(nq, block_q):
             Qi = chip.hold("Q tile", hbm.load("Q", bq + (slice(q0, q1),)))
             m = chip.hold("m (row max)", np.full(q1 - q0, -np.inf, self.acc))
-            seen = [(k0, k1) for k0, k1 in _tiles(nk, block_k) if self.visits(q0, q1, k0, k1)]
+            seen = [(k0, k1) for k0, k1 in tile_ranges(nk, block_k) if self.visits(q0, q1, k0, k1)]
             for k0, k1 in seen:  # pass 1: the row max, nothing else
                 Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
                 S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
@@ -452,7 +443,7 @@ class _Kernel:
                 Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
                 Vj = chip.hold("V tile", hbm.load("V", bk + (slice(k0, k1),)))
                 S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
-                P = self.exp(S - self.safe(m)[:, None])
+                P = self.exp(S - safe_max(m)[:, None])
                 l += P.sum(axis=1)
                 o += self.pv(P, Vj)
                 chip.free("S / P tile", self.P_LOW)
@@ -465,8 +456,8 @@ class _Kernel:
         hbm.store("O", rows_all, 0)  # Algorithm 1, line 2: O, l, m initialised in HBM
         hbm.store("l", rows_all, 0)
         hbm.store("m", rows_all, -np.inf)
-        for k0, k1 in _tiles(nk, block_k):
-            steps = [(q0, q1) for q0, q1 in _tiles(nq, block_q) if self.visits(q0, q1, k0, k1)]
+        for k0, k1 in tile_ranges(nk, block_k):
+            steps = [(q0, q1) for q0, q1 in tile_ranges(nq, block_q) if self.visits(q0, q1, k0, k1)]
             if not steps:
                 continue
             Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
@@ -479,8 +470,8 @@ class _Kernel:
                 l = chip.hold("l (row sum)", hbm.load("l", rows))
                 S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
                 m_new = np.maximum(m, S.max(axis=1))
-                P = self.exp(S - self.safe(m_new)[:, None])
-                alpha = np.exp(m - self.safe(m_new))
+                P = self.exp(S - safe_max(m_new)[:, None])
+                alpha = np.exp(m - safe_max(m_new))
                 l_new = alpha * l + P.sum(axis=1)
                 # O is kept normalised in HBM (the paper's form): undo the old 1/l, add P V, divide by the new l
                 o = (alpha * l)[:, None] * o + self.pv(P, Vj)
@@ -506,22 +497,22 @@ class _Kernel:
         S = hbm.load("S", full(bq)).astype(self.acc)  # softmax pass 1
         m = S.max(axis=1)
         if self.passes == 1:  # one fused pass: a row stays on chip from max to P
-            P = self.exp(S - self.safe(m)[:, None])
+            P = self.exp(S - safe_max(m)[:, None])
             l = P.sum(axis=1)
         else:
             if self.passes == 3:  # m goes to HBM; pass 2 reads S and m again for l
                 hbm.store("m", full(bq), m)
                 S, m = hbm.load("S", full(bq)).astype(self.acc), hbm.load("m", full(bq))
-            l = self.exp(S - self.safe(m)[:, None]).sum(axis=1)
+            l = self.exp(S - safe_max(m)[:, None]).sum(axis=1)
             if self.passes == 2:  # pass 1 found m and l together
                 hbm.store("m", full(bq), m)
             hbm.store("l", full(bq), l)
             S, m, l = hbm.load("S", full(bq)).astype(self.acc), hbm.load("m", full(bq)), hbm.load("l", full(bq))
-            P = self.exp(S - self.safe(m)[:, None])  # the last pass writes P
+            P = self.exp(S - safe_max(m)[:, None])  # the last pass writes P
         hbm.store("P", full(bq), P / np.where(l == 0, 1, l)[:, None])
         if self.return_lse:
             with np.errstate(divide="ignore"):
-                hbm.store("lse", full(bq), np.where(l == 0, -np.inf, self.safe(m) + np.log(l)))
+                hbm.store("lse", full(bq), np.where(l == 0, -np.inf, safe_max(m) + np.log(l)))
         P, V = hbm.load("P", full(bq)), hbm.load("V", full(bk))
         hbm.store("O", full(bq), self.mm(P, V))
 

@@ -23,6 +23,11 @@ ALIGNMENTS = ("bottom_right", "top_left")
 FULL, PARTIAL, EMPTY = "full", "partial", "empty"
 
 
+def tile_ranges(n: int, block: int) -> list:
+    """(start, stop) of each tile of ``block`` along an axis of length n; the last may be short (a tail)."""
+    return [(start, min(start + block, n)) for start in range(0, n, block)]
+
+
 def diagonal_offset(seqlen_q: int, seqlen_k: int, causal_align: str = "bottom_right") -> int:
     """Key position that query 0 is aligned with."""
     return seqlen_k - seqlen_q if causal_align == "bottom_right" else 0
@@ -91,14 +96,11 @@ class MaskSpec:
 
     def tile_map(self, block_q: int, block_k: int) -> np.ndarray:
         """(Tr, Tc) array of tile kinds for tiles of block_q x block_k."""
-        tr = -(-self.seqlen_q // block_q)
-        tc = -(-self.seqlen_k // block_k)
-        kinds = np.empty((tr, tc), dtype=object)
-        for i in range(tr):
-            for j in range(tc):
-                kinds[i, j] = self.tile_kind(
-                    i * block_q, min((i + 1) * block_q, self.seqlen_q),
-                    j * block_k, min((j + 1) * block_k, self.seqlen_k))
+        rows, cols = tile_ranges(self.seqlen_q, block_q), tile_ranges(self.seqlen_k, block_k)
+        kinds = np.empty((len(rows), len(cols)), dtype=object)
+        for i, (q_start, q_stop) in enumerate(rows):
+            for j, (k_start, k_stop) in enumerate(cols):
+                kinds[i, j] = self.tile_kind(q_start, q_stop, k_start, k_stop)
         return kinds
 
     # -- ALiBi --------------------------------------------------------------

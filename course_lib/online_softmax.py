@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _safe_max(m):
-    """m with -inf replaced by 0: a shift that is harmless when nothing was seen."""
-    return np.where(np.isneginf(m), 0.0, m).astype(np.result_type(m), copy=False)
+from .reference import safe_max  # -inf -> 0: a shift that is harmless when nothing was seen
 
 
 # -- the steps of chapter 04, on one row or a stack of rows -------------------------
@@ -41,7 +38,7 @@ def _safe_max(m):
 def safe_softmax(s, axis=-1):
     """softmax(s) = exp(s - max s) / sum exp(s - max s); a row of all -inf gives 0."""
     s = np.asarray(s)
-    m = _safe_max(np.max(s, axis=axis, keepdims=True))
+    m = safe_max(np.max(s, axis=axis, keepdims=True))
     p = np.exp(s - m)
     l = np.sum(p, axis=axis, keepdims=True)
     return p / np.where(l == 0, 1, l)
@@ -64,7 +61,7 @@ def running_max_sum(s, block):
 def update_max_sum(m, l, s_block):
     """Fold one block of scores (..., rows, Bc) into (m, l)."""
     m_new = np.maximum(m, np.max(s_block, axis=-1, initial=-np.inf))
-    shift = _safe_max(m_new)
+    shift = safe_max(m_new)
     alpha = np.exp(m - shift)  # rescales the old sum; 0 when m was -inf
     l_new = alpha * l + np.sum(np.exp(s_block - shift[..., None]), axis=-1)
     return m_new, l_new
@@ -90,7 +87,7 @@ def online_update(m, l, o, s_block, v_block, p_dtype=None):
     Returns (m_new, l_new, O_new) and the tile's P (..., rows, Bc).
     """
     m_new = np.maximum(m, np.max(s_block, axis=-1, initial=-np.inf))
-    shift = _safe_max(m_new)            # a row that has seen nothing stays at m = -inf
+    shift = safe_max(m_new)            # a row that has seen nothing stays at m = -inf
     alpha = np.exp(m - shift)           # (..., rows): how far the old max was too small
     p = np.exp(s_block - shift[..., None])   # (..., rows, Bc), each <= 1
     l_new = alpha * l + np.sum(p, axis=-1)
@@ -107,7 +104,7 @@ def finalize(m, l, o):
     seen = l > 0
     out = o / np.where(seen, l, 1)[..., None]
     with np.errstate(divide="ignore"):
-        lse = np.where(seen, _safe_max(m) + np.log(np.where(seen, l, 1)), -np.inf)
+        lse = np.where(seen, safe_max(m) + np.log(np.where(seen, l, 1)), -np.inf)
     return out, lse.astype(np.result_type(l), copy=False)
 
 
@@ -128,7 +125,7 @@ def merge(m1, l1, o1, m2, l2, o2):
     Associative and commutative; a side that saw nothing (m = -inf) adds nothing.
     """
     m = np.maximum(m1, m2)
-    shift = _safe_max(m)
+    shift = safe_max(m)
     a1, a2 = np.exp(m1 - shift), np.exp(m2 - shift)
     return m, a1 * l1 + a2 * l2, a1[..., None] * o1 + a2[..., None] * o2
 
@@ -137,7 +134,7 @@ def logaddexp(a, b):
     """log(e^a + e^b) without overflow, and -inf when both are -inf."""
     hi = np.maximum(a, b)
     lo = np.minimum(a, b)
-    shift = _safe_max(hi)
+    shift = safe_max(hi)
     return np.where(np.isneginf(hi), -np.inf, shift + np.log1p(np.exp(lo - shift)))
 
 
@@ -150,7 +147,7 @@ def merge_lse(out1, lse1, out2, lse2):
     A side with lse = -inf has weight 0; both -inf gives out = 0, lse = -inf.
     """
     lse = logaddexp(lse1, lse2)
-    shift = _safe_max(lse)
+    shift = safe_max(lse)
     w1, w2 = np.exp(lse1 - shift), np.exp(lse2 - shift)
     return w1[..., None] * out1 + w2[..., None] * out2, lse
 

@@ -57,14 +57,19 @@ def attention_scores(q, k, opts, mask: MaskSpec, compute_dtype, round_dtype=None
                        masked=not mask.is_trivial, round_dtype=round_dtype)
 
 
+def safe_max(m):
+    """The row max to subtract, with -inf (a row that saw no key) replaced by 0,
+    so that exp(s - m) gives 0 there instead of exp(-inf + inf) = NaN."""
+    return np.where(np.isneginf(m), 0, m).astype(np.result_type(m), copy=False)
+
+
 def masked_softmax(s):
     """Row softmax of masked scores, safe for rows that see no key.
 
     Returns P (same shape) and lse (natural log).  A row whose scores are all
     -inf gets P = 0 and lse = -inf instead of 0/0 = NaN.
     """
-    m = np.max(s, axis=-1, keepdims=True)  # subtracting the row max keeps exp <= 1
-    m_safe = np.where(np.isneginf(m), 0, m)
+    m_safe = safe_max(np.max(s, axis=-1, keepdims=True))  # subtracting the row max keeps exp <= 1
     p = np.exp(s - m_safe)
     l = np.sum(p, axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):

@@ -20,6 +20,7 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 from .online_softmax import finalize, init_state, online_update, safe_softmax
+from .reference import safe_max
 
 
 @dataclass
@@ -65,7 +66,7 @@ def trace_query_tile(q_tile, k, v, block_k, softmax_scale=None, visible=None) ->
         c1 = min(c0 + block_k, k.shape[0])
         m_old = m
         m, l, O, _ = online_update(m, l, O, S[:, c0:c1], v[c0:c1])
-        alpha = np.exp(m_old - np.where(np.isneginf(m), 0, m))
+        alpha = np.exp(m_old - safe_max(m))
         trace.steps.append(Step(j, (c0, c1), m.copy(), l.copy(), O.copy(), alpha))
     trace.out = safe_softmax(S) @ v
     trace.lse = finalize(m, l, O)[1]

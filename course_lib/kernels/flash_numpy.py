@@ -39,9 +39,9 @@ from functools import partial
 import numpy as np
 
 from .. import api
-from ..masks import EMPTY, PARTIAL, MaskSpec
+from ..masks import EMPTY, PARTIAL, MaskSpec, tile_ranges
 from ..online_softmax import finalize, init_state, online_update
-from ..reference import LOW_PRECISION, kv_head_index, lse_dtype, tile_scores
+from ..reference import LOW_PRECISION, kv_head_index, lse_dtype, safe_max, tile_scores
 
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
@@ -85,11 +85,6 @@ def precision(dtype):
     return dtype, None
 
 
-def _tiles(n, block):
-    """(start, stop) of each tile of ``block`` along an axis of length n; the last may be short."""
-    return [(start, min(start + block, n)) for start in range(0, n, block)]
-
-
 def flash_forward(q, k, v, opts, mask: MaskSpec, loop_order="fa2", stats: TileStats | None = None):
     """The tiled forward for validated dense inputs: (out in q's dtype, lse).
 
@@ -112,7 +107,7 @@ def _forward_fa2(q, k, v, opts, mask, Br, Bc, stats):
     kv = kv_head_index(H, k.shape[1])  # the K/V head each query head reads (GQA / MQA)
     O = np.zeros((B, H, Nq, Dv), dtype=q.dtype)
     L = np.full((B, H, Nq), -np.inf, dtype=lse_dtype(q.dtype))
-    row_tiles, col_tiles = _tiles(Nq, Br), _tiles(mask.seqlen_k, Bc)  # Tr, Tc tiles
+    row_tiles, col_tiles = tile_ranges(Nq, Br), tile_ranges(mask.seqlen_k, Bc)  # Tr, Tc tiles
     for r0, r1 in row_tiles:                              # outer: query tiles
         rows = np.arange(r0, r1)
         Qi = q[:, :, r0:r1]                               # load Qi  (B, H, Br, D)
@@ -147,7 +142,7 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, stats):
     l = np.zeros((B, H, Nq), dtype=acc)
     m = np.full((B, H, Nq), -np.inf, dtype=acc)
     stats.hbm_write += O.nbytes + l.nbytes + m.nbytes
-    row_tiles, col_tiles = _tiles(Nq, Br), _tiles(mask.seqlen_k, Bc)
+    row_tiles, col_tiles = tile_ranges(Nq, Br), tile_ranges(mask.seqlen_k, Bc)
     for c0, c1 in col_tiles:                              # outer: key/value tiles
         kinds = [mask.tile_kind(r0, r1, c0, c1) for r0, r1 in row_tiles]
         if all(kind == EMPTY for kind in kinds):
@@ -166,11 +161,11 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, stats):
             Sij = tile_scores(Qi, Kj, opts, mask, rows, np.arange(c0, c1), acc, masked=kind == PARTIAL)
             # the tile's own softmax statistics: m~ij, P~ij, l~ij
             mij = np.max(Sij, axis=-1)
-            Pij = np.exp(Sij - np.where(np.isneginf(mij), 0, mij)[..., None])
+            Pij = np.exp(Sij - safe_max(mij)[..., None])
             lij = np.sum(Pij, axis=-1)
             # merge them into the running ones: both sides rescaled to m_new
             m_new = np.maximum(mi, mij)
-            shift = np.where(np.isneginf(m_new), 0, m_new)
+            shift = safe_max(m_new)
             alpha, beta = np.exp(mi - shift), np.exp(mij - shift)  # 0 for a side that saw nothing
             l_new = alpha * li + beta * lij
             PVij = (Pij if p_dtype is None else Pij.astype(p_dtype).astype(acc)) @ Vj.astype(acc)
@@ -181,7 +176,7 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, stats):
             stats.computed += 1
             stats.masked += kind == PARTIAL
     with np.errstate(divide="ignore"):
-        lse = np.where(l > 0, np.where(np.isneginf(m), 0, m) + np.log(np.where(l > 0, l, 1)), -np.inf)
+        lse = np.where(l > 0, safe_max(m) + np.log(np.where(l > 0, l, 1)), -np.inf)
     stats.hbm_write += lse.astype(lse_dtype(q.dtype)).nbytes  # lse from l and m, one more pass
     stats.hbm_read += l.nbytes + m.nbytes
     return O.astype(q.dtype), lse.astype(lse_dtype(q.dtype))
