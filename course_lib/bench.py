@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import envreport
+from .iomodel import attention_flops  # the one FLOP convention speeds are quoted in
 
 
 def time_it(fn, *args, repeats=5, warmup=1, **kwargs) -> float:
@@ -78,17 +79,6 @@ def environment() -> dict:
 def new_run() -> str:
     """An id for one run of a benchmark; records sharing it were measured together."""
     return datetime.datetime.now().astimezone().strftime("%Y%m%dT%H%M%S%z")
-
-
-def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, *, causal=False) -> float:
-    """4 B H Nq Nk D (two matmuls, 2 FLOPs a multiply-add), halved for causal.
-
-    The convention of the FlashAttention papers and Triton's tutorial: it
-    counts the work of the unmasked problem, so a causal kernel that skips
-    half the tiles is not credited for work it did not do.
-    """
-    flops = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
-    return flops / 2 if causal else flops
 
 
 def attention_bytes(batch, heads, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_v=None, *, itemsize) -> int:

@@ -212,7 +212,12 @@ def flash_io(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", *, order="fa
 
 
 def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal=False) -> float:
-    """The FLOP count speeds are quoted in: 4 B H Nq Nk D, halved for causal (the design's convention)."""
+    """The FLOP count speeds are quoted in: 4 B H Nq Nk D, halved for causal.
+
+    Two matmuls, 2 FLOPs a multiply-add: the convention of the FlashAttention
+    papers and Triton's tutorial.  Halving for causal credits a kernel that
+    skips the masked half only with the work the mask leaves.
+    """
     flops = 4 * batch * heads * seqlen_q * seqlen_k * head_dim
     return flops / 2 if causal else float(flops)
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import envreport
+
 DATASHEET, PAPER, MEASURED, ILLUSTRATIVE = "datasheet", "paper", "measured", "illustrative"
 KINDS = (DATASHEET, PAPER, MEASURED, ILLUSTRATIVE)
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
@@ -395,15 +397,6 @@ def _best_time(fn, repeats: int) -> float:
     return max(best, 1e-9)
 
 
-def _cpu_model() -> str:
-    try:
-        from .envreport import cpu_model  # chapter 00's report, when it is there
-        return cpu_model()
-    except ImportError:
-        import platform
-        return platform.processor() or platform.machine() or "unknown CPU"
-
-
 def _l2_per_core() -> int | None:
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
@@ -444,7 +437,7 @@ def measure_this_machine(*, copy_mib: int = 64, matmul_n: int = 512, exp_n: int 
         threads = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         threads = os.cpu_count() or 1
-    return Measurement(bandwidth=bandwidth, flops=flops, exp_per_s=exp_per_s, cpu=_cpu_model(),
+    return Measurement(bandwidth=bandwidth, flops=flops, exp_per_s=exp_per_s, cpu=envreport.cpu_model(),
                        threads=threads, date=datetime.date.today().isoformat(), sram_per_core=_l2_per_core())
 
 
