@@ -12,6 +12,13 @@ only when ``Nq == Nk``.
 A window ``(left, right)`` lets query ``i`` see keys ``j`` with
 ``i + offset - left <= j <= i + offset + right``; ``-1`` means unbounded on that
 side.  Causal is the window ``(-1, 0)`` (and causal clips ``right`` to 0).
+
+The rules themselves (may query i see key j, the kind of a tile, the ALiBi
+distance, softcap) are the scalar functions of ``course_lib.rules``, which the
+compiled kernels call too; this module gives them numpy's shapes and names:
+``MaskSpec.tile_kind`` asks ``rules.tile_kind``, and the vectorised
+``visible`` and ``alibi_bias`` are held equal to ``rules.visible`` and
+``rules.alibi_distance`` by property tests.
 """
 from __future__ import annotations
 
@@ -19,8 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import rules
+
 ALIGNMENTS = ("bottom_right", "top_left")
-FULL, PARTIAL, EMPTY = "full", "partial", "empty"
+# The tile kinds by name (``rules`` numbers them for compiled code).
+FULL, PARTIAL, EMPTY = (rules.KIND_NAMES[kind] for kind in (rules.FULL, rules.PARTIAL, rules.EMPTY))
 
 
 def tile_ranges(n: int, block: int) -> list:
@@ -83,25 +93,29 @@ class MaskSpec:
         ``empty``: no query in the tile sees any key in it (skip the tile);
         ``full``: every query sees every key (no elementwise mask needed);
         ``partial``: anything else.  Both key bounds grow with the row, so the
-        first and last rows of the tile decide.
+        first and last rows of the tile decide (``rules.tile_kind``).
         """
-        if q_stop <= q_start or k_stop <= k_start:
-            return EMPTY
-        lo, hi = self.key_bounds([q_start, q_stop - 1])
-        if hi[1] < k_start or lo[0] > k_stop - 1:
-            return EMPTY
-        if lo[1] <= k_start and hi[0] >= k_stop - 1:
-            return FULL
-        return PARTIAL
+        return rules.KIND_NAMES[self.tile_code(q_start, q_stop, k_start, k_stop)]
+
+    def tile_code(self, q_start: int, q_stop: int, k_start: int, k_stop: int) -> int:
+        """``tile_kind`` as the small int a compiled kernel branches on (``rules.EMPTY`` ...)."""
+        left, right = self.window
+        return rules.tile_kind(int(q_start), int(q_stop), int(k_start), int(k_stop), self.offset, left, right)
 
     def tile_map(self, block_q: int, block_k: int) -> np.ndarray:
-        """(Tr, Tc) array of tile kinds for tiles of block_q x block_k."""
+        """(Tr, Tc) array of tile kinds (names) for tiles of block_q x block_k."""
+        names = np.array([rules.KIND_NAMES[code] for code in sorted(rules.KIND_NAMES)], dtype=object)
+        return names[self.tile_codes(block_q, block_k)]
+
+    def tile_codes(self, block_q: int, block_k: int) -> np.ndarray:
+        """(Tr, Tc) int8 array of ``rules`` tile kinds: the plan a compiled kernel
+        is launched with, so that which tiles to skip is decided once, here."""
         rows, cols = tile_ranges(self.seqlen_q, block_q), tile_ranges(self.seqlen_k, block_k)
-        kinds = np.empty((len(rows), len(cols)), dtype=object)
+        codes = np.empty((len(rows), len(cols)), dtype=np.int8)
         for i, (q_start, q_stop) in enumerate(rows):
             for j, (k_start, k_stop) in enumerate(cols):
-                kinds[i, j] = self.tile_kind(q_start, q_stop, k_start, k_stop)
-        return kinds
+                codes[i, j] = self.tile_code(q_start, q_stop, k_start, k_stop)
+        return codes
 
     # -- ALiBi --------------------------------------------------------------
     def alibi_bias(self, slope: float, rows, cols) -> np.ndarray:

@@ -1,0 +1,162 @@
+"""The rules every kernel shares, written once, as plain scalar functions.
+
+Each function takes and returns plain numbers and uses nothing but arithmetic,
+comparisons and ``math``, so the same source runs as Python (the numpy code's
+property tests call it directly), compiles with ``numba.njit`` (chapter 08's
+CPU kernel) and with ``numba.cuda.jit(device=True)`` (chapter 09's GPU kernel).
+No rule calls another rule: a compiler sees each one on its own, and a kernel
+composes them.  The vectorised forms (``MaskSpec``, ``online_softmax``) are
+built on these or held equal to them by property tests.
+
+Positions.  Query ``i`` stands at key position ``i + offset``: ``offset`` is
+``Nk - Nq`` for FlashAttention's bottom-right alignment, 0 for PyTorch's
+top-left.  A window ``(left, right)`` lets it see keys
+``i + offset - left <= j <= i + offset + right``; -1 is unbounded, and causal
+is folded in beforehand as ``right = 0``.
+
+The online-softmax state of one query row is ``(m, l)``: the largest score
+seen and the sum of ``exp(s - m)`` over the scores seen.  A row that has seen
+no key is ``(-inf, 0)`` and every rule here keeps it so without a NaN.  A NaN
+score is never hidden: it reaches m, l and lse, so a NaN row reports lse =
+NaN, never -inf (which would mean "saw no key").
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+UNBOUNDED = -1  # a window side without a limit
+
+# Tile kinds, as small ints a compiled kernel can branch on.
+EMPTY = 0    # no query of the tile sees any key of it: skip it, load nothing
+PARTIAL = 1  # some pairs are hidden: apply the mask element by element
+FULL = 2     # every query sees every key: no elementwise mask at all
+KIND_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+
+
+# -- masks --------------------------------------------------------------------------
+
+def visible(i, j, offset, left, right):
+    """May query row ``i`` see key ``j``?"""
+    centre = i + offset
+    if left >= 0 and j < centre - left:
+        return False
+    if right >= 0 and j > centre + right:
+        return False
+    return True
+
+
+def tile_kind(q_start, q_stop, k_start, k_stop, offset, left, right):
+    """EMPTY, PARTIAL or FULL for rows [q_start, q_stop) x keys [k_start, k_stop).
+
+    Both key bounds grow with the row, so the tile's first and last rows decide:
+    the tile is empty when the last row's window ends before the first key or
+    the first row's begins after the last key, and full when the first row's
+    window ends at or after the last key and the last row's begins at or
+    before the first key.
+    """
+    if q_stop <= q_start or k_stop <= k_start:
+        return EMPTY
+    first, last = q_start + offset, q_stop - 1 + offset
+    if right >= 0 and last + right < k_start:
+        return EMPTY
+    if left >= 0 and first - left > k_stop - 1:
+        return EMPTY
+    if (right < 0 or first + right >= k_stop - 1) and (left < 0 or last - left <= k_start):
+        return FULL
+    return PARTIAL
+
+
+def alibi_distance(i, j, offset):
+    """|i + offset - j|: ALiBi adds -slope times this to the score of (i, j)."""
+    return abs(i + offset - j)
+
+
+def softcap(s, cap):
+    """cap * tanh(s / cap), Gemma-2's soft cap on a score; cap == 0 leaves it alone."""
+    if cap > 0.0:
+        return cap * math.tanh(s / cap)
+    return s
+
+
+# -- the online softmax of one row ------------------------------------------------------
+
+def max_nan(a, b):
+    """max(a, b) that lets a NaN through from either side (Python's max and
+    numba's do not), so a NaN score reaches the row's m."""
+    if a > b or a != a:
+        return a
+    return b
+
+
+def shift_of(m):
+    """What a row subtracts before exp: its max, or 0 for a row that has seen
+    nothing (m = -inf), so that exp(-inf - shift) is 0 instead of a NaN."""
+    if m == -math.inf:
+        return 0.0
+    return m
+
+
+def rescale(m_old, m_new):
+    """alpha = exp(m_old - m_new): what the sum and output kept so far are
+    multiplied by when the row's max grows; 0 while nothing was seen."""
+    if m_new == -math.inf:
+        return 0.0
+    return math.exp(m_old - m_new)
+
+
+def finalize(m, l):
+    """(lse, 1 / l) at the end of a row: lse = m + log l, out = O / l.
+
+    A row that saw no key (l == 0) gives lse = -inf and scale 0 (out = 0); a
+    NaN in l (a NaN score) gives lse = NaN, never -inf.
+    """
+    if l == 0.0:
+        return -math.inf, 0.0
+    return m + math.log(l), 1.0 / l
+
+
+# -- precision ----------------------------------------------------------------------------
+
+LOW_PRECISION = ("float16", "bfloat16")
+# Significant bits and the smallest exponent of a quantum (subnormals) of
+# each low-precision format, for ``round_to_bits``.
+ROUNDING = {"float16": (11, -24), "bfloat16": (8, -133)}
+
+
+def acc_dtype(dtype) -> np.dtype:
+    """The dtype a kernel accumulates Q K^T, the row sums and P V in:
+    float64 for float64 inputs, float32 for everything else."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def lse_dtype(dtype) -> type:
+    """lse is returned in the accumulation dtype."""
+    return acc_dtype(dtype).type
+
+
+def p_round_dtype(dtype):
+    """Where low precision rounds inside the tiled kernels: P, before P V, to
+    the input dtype (a GPU's matrix unit takes its operands in that dtype);
+    None for float32 / float64.  Inputs and the output are in the input dtype;
+    S, the row statistics and the O accumulator stay in ``acc_dtype``."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.name in LOW_PRECISION else None
+
+
+def round_to_bits(x, bits, min_exponent):
+    """x rounded to ``bits`` significant bits, half to even, with no quantum
+    below 2**min_exponent: float16 is (11, -24), bfloat16 (8, -133).  What
+    ``x.astype(float16).astype(float32)`` does, for the values P takes (0..1),
+    in arithmetic that every compiler here accepts.  bits <= 0 leaves x alone.
+    """
+    if bits <= 0 or x == 0.0 or x != x or x == math.inf or x == -math.inf:
+        return x
+    mantissa, exponent = math.frexp(x)  # x = mantissa * 2**exponent, 0.5 <= |mantissa| < 1
+    quantum = exponent - bits
+    if quantum < min_exponent:
+        quantum = min_exponent
+    return math.ldexp(float(round(math.ldexp(x, -quantum))), quantum)

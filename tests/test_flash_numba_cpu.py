@@ -1,0 +1,158 @@
+"""impl flash_numba_cpu (chapter 08): the compiled tiled kernel against the
+reference on random problems, its pieces (the micro-kernel, the vectorised
+exp), the host's tile plan, threads, and the rule that an impl which fails to
+import is an error, not a silent drop from available_impls()."""
+import math
+import sys
+
+import ml_dtypes
+import numba
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import course_lib
+from course_lib import checks, kernels, rules
+from course_lib.kernels import flash_numba_cpu as fnc
+from course_lib.kernels import launch
+
+DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
+
+
+@st.composite
+def problems(draw):
+    heads_k = draw(st.integers(1, 2))
+    heads = heads_k * draw(st.integers(1, 3))
+    nq, nk = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    d, dv = draw(st.integers(1, 33)), draw(st.integers(1, 9))
+    options = dict(causal=draw(st.booleans()), causal_align=draw(st.sampled_from(["bottom_right", "top_left"])),
+                   window_size=(draw(st.integers(-1, 6)), draw(st.integers(-1, 6))),
+                   softcap=draw(st.sampled_from([0.0, 2.0])),
+                   block_q=draw(st.integers(1, 20)), block_k=draw(st.integers(1, 20)))
+    if draw(st.booleans()):
+        options["alibi_slopes"] = np.linspace(0.05, 0.7, 2 * heads).reshape(2, heads)
+    shapes = (2, heads, nq, d), (2, heads_k, nk, d), (2, heads_k, nk, dv)
+    return shapes, options, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2 ** 16))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_flash_numba_cpu_matches_the_reference_on_random_problems(problem):
+    shapes, options, dtype, seed = problem
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(shape).astype(dtype) for shape in shapes)
+    out, lse = course_lib.attention(q, k, v, impl="flash_numba_cpu", return_lse=True, **options)
+    assert out.dtype == q.dtype and lse.dtype == rules.lse_dtype(dtype)
+    checks.check_attention(out, q, k, v, lse=lse, **options)
+
+
+def test_the_answer_does_not_depend_on_the_number_of_threads():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 3, 70, 24)).astype(np.float32) for _ in range(3))
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = course_lib.attention(q, k, v, impl="flash_numba_cpu", causal=True, block_q=16, block_k=16)
+    finally:
+        numba.set_num_threads(threads)
+    every = course_lib.attention(q, k, v, impl="flash_numba_cpu", causal=True, block_q=16, block_k=16)
+    assert np.array_equal(one, every)  # each work item owns its rows: same arithmetic, same bits
+
+
+# -- the pieces ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows,cols,depth", [(4, 2, 1), (8, 6, 59), (64, 64, 64), (12, 10, 3)])
+def test_matmul_nt_is_a_times_b_transposed(rows, cols, depth):
+    rng = np.random.default_rng(rows + cols + depth)
+    A = rng.standard_normal((rows, depth + 3)).astype(np.float32)
+    B = rng.standard_normal((cols, depth + 3)).astype(np.float32)
+    C = np.full((rows, cols + 1), 7.0, np.float32)
+    fnc.matmul_nt(A, B, C, rows, cols, depth)
+    assert np.allclose(C[:, :cols], A[:, :depth] @ B[:, :depth].T, rtol=1e-5, atol=1e-5)
+    assert np.all(C[:, cols:] == 7.0)  # nothing outside the block it was asked for
+
+
+def test_exp_row_is_within_two_ulps_of_exp_and_exact_at_the_edges():
+    rng = np.random.default_rng(2)
+    x = np.concatenate([-rng.random(20000) * 87, -rng.random(1000) * 1e-3, [0.0]]).astype(np.float32)
+    p = x.copy()
+    fnc.exp_row(p, p.size, np.float32(0.0), np.zeros(p.size, np.int32))
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(p - exact) / exact) <= 2 * np.finfo(np.float32).eps
+    edges = np.array([-np.inf, -1e30, -87.5, np.nan, 0.0], np.float32)
+    fnc.exp_row(edges, 5, np.float32(0.0), np.zeros(5, np.int32))
+    assert edges[0] == 0 and edges[1] == 0 and edges[2] == 0 and np.isnan(edges[3]) and edges[4] == 1.0
+
+
+def test_exp_row_subtracts_the_shift():
+    p = np.array([3.0, 2.0, -np.inf], np.float32)
+    fnc.exp_row(p, 3, np.float32(3.0), np.zeros(3, np.int32))
+    assert np.allclose(p, [1.0, math.exp(-1.0), 0.0], rtol=3e-7)
+
+
+# -- the host's tile plan is what the kernel does ----------------------------------------
+
+def run_with_plan(q, k, v, opts, mask, change_plan):
+    plan, qa, ka, va = launch.prepare(q, k, v, opts, mask, 16, 16)
+    tiles = change_plan(plan.tiles.copy())
+    out = np.empty((*q.shape[:3], v.shape[3]), np.float64)
+    lse = np.empty(q.shape[:3], np.float64)
+    fnc.forward_kernel(qa, ka, va, tiles, plan.kv_head, plan.Br, plan.Bc, plan.softmax_scale,
+                       plan.softcap, plan.alibi, plan.slopes, plan.offset, plan.left, plan.right,
+                       plan.round_bits, plan.round_min_exponent, False, out, lse)
+    return out, lse
+
+
+@pytest.mark.parametrize("change,what", [
+    (lambda t: np.where(t == rules.PARTIAL, rules.FULL, t).astype(np.int8), "diagonal tiles left unmasked"),
+    (lambda t: np.where(t == rules.FULL, rules.EMPTY, t).astype(np.int8), "full tiles skipped"),
+])
+def test_the_kernel_does_what_the_host_plan_says(change, what):
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 48, 8)) for _ in range(3))
+    opts = course_lib.api._options(batch=1, heads=2, head_dim=8, return_lse=False,
+                                   **course_lib.api._defaults({"causal": True}))
+    mask = opts.mask(48, 48)
+    out, lse = run_with_plan(q, k, v, opts, mask, lambda t: t)
+    checks.check_attention(out, q, k, v, lse=lse, causal=True)
+    wrong, wrong_lse = run_with_plan(q, k, v, opts, mask, change)
+    with pytest.raises(checks.CheckFailed):
+        checks.check_attention(wrong, q, k, v, lse=wrong_lse, causal=True, name=what)
+
+
+def test_causal_skips_the_tiles_above_the_diagonal():
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 1, 1024, 8)) for _ in range(3))
+    opts = course_lib.api._options(batch=1, heads=1, head_dim=8, return_lse=False,
+                                   **course_lib.api._defaults({"causal": True}))
+    plan = launch.prepare(q, k, v, opts, opts.mask(1024, 1024), 64, 64)[0]
+    assert plan.computed_tiles == 136  # of 256: the diagonal and below
+
+
+# -- failures are errors, not a silently shorter list of impls ----------------------------
+
+def test_an_impl_that_fails_to_import_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "course_lib.kernels.broken_kernel", None)  # import raises
+    monkeypatch.setitem(kernels.IMPLS, "broken_kernel", "course_lib.kernels.broken_kernel")
+    with pytest.raises(ImportError, match="broken_kernel"):
+        kernels.load("broken_kernel")
+    with pytest.raises(ImportError, match="broken_kernel"):
+        course_lib.available_impls()
+
+
+def test_only_a_missing_optional_package_hides_an_impl(monkeypatch, tmp_path):
+    (tmp_path / "needs_missing_package.py").write_text("import a_package_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(kernels.IMPLS, "needs_missing_package", "needs_missing_package")
+    assert kernels.load("needs_missing_package") is None
+    assert "needs_missing_package" not in course_lib.available_impls()
+    assert "flash_numba_cpu" in course_lib.available_impls()
+
+
+def test_a_syntax_error_in_an_impl_is_an_error(monkeypatch, tmp_path):
+    (tmp_path / "typo_kernel.py").write_text("def attention_forward(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(kernels.IMPLS, "typo_kernel", "typo_kernel")
+    with pytest.raises(ImportError, match="typo_kernel.*SyntaxError"):
+        kernels.load("typo_kernel")
