@@ -1,0 +1,83 @@
+"""Exercise set 08's checks fail on plausible wrong answers (and pass the solutions).
+
+Each case takes the solution notebook, swaps one answer for a mistake a learner
+would make, and runs the setup, the answer and its check cell in one namespace:
+the check must raise CheckFailed.  The mistakes are edits of the solution's own
+source, so each differs from a right answer in exactly the way named."""
+import functools
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib import checks
+
+SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "08_numba_cpu.ipynb"
+
+
+def cells():
+    nb = nbformat.read(SOLUTION, as_version=4)
+    by_id = {cell.id: cell.source for cell in nb.cells if cell.cell_type == "code"}
+    answers = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
+               if "answer" in cell.metadata.get("tags", [])}
+    checks_ = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
+               if "check" in cell.metadata.get("tags", [])}
+    return by_id, answers, checks_
+
+
+@functools.lru_cache(maxsize=1)
+def setup_namespace():
+    """The setup cell, run once: its compiled rules are compiled once for every case."""
+    namespace = {}
+    exec(cells()[0]["setup-answers"], namespace)
+    exec(cells()[0]["s08-02"], namespace)
+    return namespace
+
+
+def run(exercise, edit=None, before=()):
+    by_id, answers, check_ids = cells()
+    namespace = dict(setup_namespace())
+    for cell_id in before:            # cells the exercise builds on
+        exec(by_id[cell_id], namespace)
+    source = by_id[answers[exercise]]
+    if edit is not None:
+        old, new = edit
+        assert old in source, f"the edit must change the solution: {old!r} not in it"
+        source = source.replace(old, new)
+    exec(source, namespace)
+    exec(by_id[check_ids[exercise]], namespace)
+
+
+BUGGY = "s08-19"  # 8.5's given cell: the colleague's kernel and run_plan
+
+WRONG = {
+    "8.1": [("total += last_row // Bc + 1", "total += r0 // Br + 1"),            # Tr (Tr + 1) / 2: square tiles only
+            ("return all_tiles / causal_tiles(N, Br, Bc)", "return 2.0")],       # "causal is half"
+    "8.2": [("return -np.inf                      # masked", "pass                      # masked"),  # forgot the mask
+            ("return s - slope * abs(centre - j)", "return s + slope * abs(centre - j)"),
+            ("s = cap * math.tanh(s / cap)", "s = math.tanh(s / cap)")],
+    "8.3": [("l = alpha * l + p", "l = l + p"),                                  # no rescale of the sum
+            ("return o / l, m + math.log(l)", "return o / l, m + math.log(l) if l > 0 else -np.inf"),  # NaN says "saw nothing"
+            ("o[e] = alpha * o[e] + p * v[j, e]", "o[e] = o[e] + p * v[j, e]")],     # no rescale of the output
+    "8.4": [("return np.where(z % 2 == 0, z // 2, n_tiles - 1 - z // 2)", "return z"),
+            ("return np.where(z % 2 == 0, z // 2, n_tiles - 1 - z // 2)", "return z[::-1]")],
+    "8.5": [("l[r] = alpha * l[r] + row_sum", "l[r] = l[r] + row_sum"),           # the colleague's bug itself
+            ("Oi[r, e] *= alpha", "Oi[r, e] *= 1.0")],                           # half a fix
+    "8.6": [("if kind == 0:", "if kind == -1:"),                                 # never skips
+            ("if kind == 1 and (", "if ("),                                      # re-derives the mask itself
+            ("if kind == 1 and (", "if kind == -1 and (")],                      # never masks
+}
+CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
+
+
+@pytest.mark.parametrize("exercise", sorted(WRONG))
+def test_the_solution_passes_its_check(exercise):
+    run(exercise, before=[BUGGY] if exercise == "8.5" else ())
+
+
+@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
+                                                       for i in range(len(edits))])
+def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
+    with pytest.raises(checks.CheckFailed):
+        run(exercise, edit, before=[BUGGY] if exercise == "8.5" else ())
+    assert "FAIL" in capsys.readouterr().out
