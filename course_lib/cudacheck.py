@@ -204,7 +204,7 @@ def _threads(tids, blockdim):
 def _where(site):
     """'line 17 of reverse (`out[i] = tile[t]`)'."""
     code, line = site
-    text = linecache.getline(code.co_filename, line).strip()
+    text = linecache.getline(code.co_filename, line).split("  #")[0].strip()
     return f"line {line} of {code.co_name}" + (f" (`{text}`)" if text else "")
 
 
@@ -728,8 +728,10 @@ class _Launch:
                          f"in block {block}, {_threads(done, self.blockdim[:self.blocknd])} finished the "
                          f"kernel without reaching the cuda.syncthreads() on {_where(site)} that "
                          f"{_threads(tids, self.blockdim[:self.blocknd])} wait at: a barrier must be reached "
-                         "by every thread of the block. Don't return early before a barrier; guard the "
-                         "loads and stores with `if i < n:` instead.", line=site[1])
+                         "by every thread of the block, as often as by the others. Don't return before a "
+                         "barrier (guard the loads and stores with `if i < n:` instead), and give a loop that "
+                         "holds one the same trip count in every thread (mask inside it instead).",
+                         line=site[1])
 
     def _kernel_error(self, t):
         frames = [f for f in traceback.extract_tb(t.error.__traceback__) if f.filename != __file__]
