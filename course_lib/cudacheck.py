@@ -299,10 +299,26 @@ class TracedArray:
         name = f"{self.name}[{', '.join(_index_text(i) for i in index)}]"
         return TracedArray(self._mem, self._view[index], name)
 
+    def _fast_key(self, index):
+        """The flat key of an in-bounds element named by plain ints (nearly every access), else None."""
+        if type(index) is int:
+            if self.ndim == 1 and 0 <= index < self.shape[0]:
+                return self._offset + index * self._strides[0]
+            return None
+        if type(index) is not tuple or len(index) != self.ndim:
+            return None
+        key = self._offset
+        for i, n, s in zip(index, self.shape, self._strides):
+            if type(i) is not int or not 0 <= i < n:
+                return None
+            key += i * s
+        return key
+
     def __getitem__(self, index):
         frame = sys._getframe(1)
-        if type(index) is int and self.ndim == 1 and 0 <= index < self.shape[0]:  # the common case, fast
-            return self._mem.launch.read(self._mem, self._offset + index * self._strides[0], self, index, frame)
+        key = self._fast_key(index)
+        if key is not None:
+            return self._mem.launch.read(self._mem, key, self, index, frame)
         key = self._locate(index, "reads", frame)
         if type(key) is int:
             return self._mem.launch.read(self._mem, key, self, index, frame)
@@ -312,9 +328,9 @@ class TracedArray:
 
     def __setitem__(self, index, value):
         frame = sys._getframe(1)
-        if type(index) is int and self.ndim == 1 and 0 <= index < self.shape[0]:
-            return self._mem.launch.write(self._mem, self._offset + index * self._strides[0], self, index, frame,
-                                          value)
+        key = self._fast_key(index)
+        if key is not None:
+            return self._mem.launch.write(self._mem, key, self, index, frame, value)
         key = self._locate(index, "writes", frame)
         if type(key) is int:
             self._mem.launch.write(self._mem, key, self, index, frame, value)
@@ -782,46 +798,50 @@ class _Launch:
         return other != gtid and (other_epoch == self.epoch or other // self.nthreads != gtid // self.nthreads)
 
     def read(self, mem, key, array, index, frame):
+        mem.n_reads += 1
+        if mem.private:   # a thread's own local array: only whether it was ever written matters
+            if key not in mem.writes:
+                self.pending_uninit.append((mem, key, self.thread, (frame.f_code, frame.f_lineno), array, index))
+            return mem.flat[key]
         site = (frame.f_code, frame.f_lineno)
         t = self.thread
-        mem.n_reads += 1
         w = mem.writes.get(key)
-        if not mem.private:
-            g = t.gtid
-            if w is not None and self._conflicts(g, w[0], w[1]):
-                self._race(mem, array, index, t, "reads", site, w[0], "wrote", w[2])
-            slot = mem.reads.get(key)
-            if slot is None:
-                mem.reads[key] = [self.epoch, g, site, None, None, None, None]
-            elif slot[0] != self.epoch:
-                if slot[1] // self.nthreads != g // self.nthreads:   # keep one reader of an older block
-                    slot[5], slot[6] = slot[1], slot[2]
-                slot[:5] = [self.epoch, g, site, None, None]
-            elif slot[3] is None and slot[1] != g:
-                slot[3], slot[4] = g, site
+        g = t.gtid
+        if w is not None and self._conflicts(g, w[0], w[1]):
+            self._race(mem, array, index, t, "reads", site, w[0], "wrote", w[2])
+        slot = mem.reads.get(key)
+        if slot is None:
+            mem.reads[key] = [self.epoch, g, site, None, None, None, None]
+        elif slot[0] != self.epoch:
+            if slot[1] // self.nthreads != g // self.nthreads:   # keep one reader of an older block
+                slot[5], slot[6] = slot[1], slot[2]
+            slot[:5] = [self.epoch, g, site, None, None]
+        elif slot[3] is None and slot[1] != g:
+            slot[3], slot[4] = g, site
         if not mem.initialized and key not in mem.writes:
             self.pending_uninit.append((mem, key, t, site, array, index))
         return mem.flat[key]
 
     def write(self, mem, key, array, index, frame, value, atomic=False):
+        mem.n_writes += 1
+        if mem.private:
+            mem.writes[key] = True   # only whether it was written: nobody else can touch it
+            mem.flat[key] = value
+            return
         site = (frame.f_code, frame.f_lineno)
         t = self.thread
-        mem.n_writes += 1
-        if not mem.private:
-            g = t.gtid
-            w = mem.writes.get(key)
-            if w is not None and self._conflicts(g, w[0], w[1]) and not (atomic and w[3]):
-                self._race(mem, array, index, t, "writes", site, w[0], "wrote", w[2])
-            slot = mem.reads.get(key)
-            if slot is not None:
-                for reader, rsite, repoch in ((slot[1], slot[2], slot[0]), (slot[3], slot[4], slot[0]),
-                                              (slot[5], slot[6], -1)):
-                    if reader is not None and self._conflicts(g, reader, repoch):
-                        self._race(mem, array, index, t, "writes", site, reader, "read", rsite)
-                        break
-            mem.writes[key] = (g, self.epoch, site, atomic)
-        else:
-            mem.writes[key] = True   # only whether it was written: nobody else can touch it
+        g = t.gtid
+        w = mem.writes.get(key)
+        if w is not None and self._conflicts(g, w[0], w[1]) and not (atomic and w[3]):
+            self._race(mem, array, index, t, "writes", site, w[0], "wrote", w[2])
+        slot = mem.reads.get(key)
+        if slot is not None:
+            for reader, rsite, repoch in ((slot[1], slot[2], slot[0]), (slot[3], slot[4], slot[0]),
+                                          (slot[5], slot[6], -1)):
+                if reader is not None and self._conflicts(g, reader, repoch):
+                    self._race(mem, array, index, t, "writes", site, reader, "read", rsite)
+                    break
+        mem.writes[key] = (g, self.epoch, site, atomic)
         mem.flat[key] = value
 
     def atomic(self, ary, idx, frame, update, name):
@@ -847,7 +867,8 @@ class _Launch:
                    "for a sum that several blocks add to.")
             when = "in the same launch"
         elif verb == "reads":
-            fix = "Put cuda.syncthreads() between the write and the read."
+            fix = ("Put cuda.syncthreads() between the write and the read; in a loop over tiles, also one at "
+                   "the end of the loop body, so that the next load waits for the last read.")
             when = "in the same barrier interval"
         elif other_verb == "read":
             fix = ("Add a cuda.syncthreads() after the last read, before the element is overwritten "

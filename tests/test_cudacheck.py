@@ -305,3 +305,71 @@ def test_the_script_reads_each_tools_summary():
 def test_the_record_lines_are_json_with_one_run():
     lines = [json.loads(line) for line in RECORD.read_text().splitlines() if line.strip()]
     assert len({r["run"] for r in lines}) >= 1 and all(r["benchmark"] == "sanitizer_corpus" for r in lines)
+
+
+# ------------------------- the kind of kernel chapter 09 builds, at its shapes
+
+BC, D = 16, 16
+
+
+@cuda.jit(device=True)
+def online_step(m, s):
+    """The running max after score s, and the factors that rescale the old sum and weigh s."""
+    m_new = max(m, s)
+    return m_new, math.exp(m - m_new), math.exp(s - m_new)
+
+
+def flash_rows_kernel(second_barrier):
+    @cuda.jit
+    def flash_rows(q, k, v, out, scale):
+        # a block per (query tile, head), one thread per query row; K / V tiles through shared memory
+        kt = cuda.shared.array((BC, D), float32)
+        vt = cuda.shared.array((BC, D), float32)
+        h, t = cuda.blockIdx.y, cuda.threadIdx.x
+        row = cuda.blockIdx.x * cuda.blockDim.x + t
+        acc = cuda.local.array(D, float32)
+        for d in range(D):
+            acc[d] = 0
+        m, l = float32(-math.inf), float32(0)
+        nk = k.shape[1]
+        for base in range(0, nk, BC):
+            for e in range(t, BC * D, cuda.blockDim.x):
+                j, d = e // D, e % D
+                kt[j, d] = k[h, base + j, d] if base + j < nk else 0
+                vt[j, d] = v[h, base + j, d] if base + j < nk else 0
+            cuda.syncthreads()
+            if row < q.shape[1]:
+                for j in range(min(BC, nk - base)):
+                    s = float32(0)
+                    for d in range(D):
+                        s += q[h, row, d] * kt[j, d]
+                    m, alpha, p = online_step(m, s * scale)
+                    for d in range(D):
+                        acc[d] = acc[d] * alpha + p * vt[j, d]
+                    l = l * alpha + p
+            if second_barrier:
+                cuda.syncthreads()
+        if row < q.shape[1]:
+            for d in range(D):
+                out[h, row, d] = acc[d] / l
+    return flash_rows
+
+
+def test_a_tiled_attention_kernel_with_tails_passes_and_its_answer_is_attention():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 40, D)).astype(np.float32) for _ in range(3))   # 40: tail tiles
+    out = np.zeros_like(q)
+    report = cudacheck.check(flash_rows_kernel(True), (2, 2), 32, q, k, v, out, np.float32(D ** -0.5))
+    assert report.ok, str(report)
+    s = q.astype(np.float64) @ k.transpose(0, 2, 1) * D ** -0.5
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, (p / p.sum(-1, keepdims=True)) @ v, atol=1e-5)
+
+
+def test_the_same_kernel_without_its_second_barrier_is_a_race_on_the_k_tile():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 40, D)).astype(np.float32) for _ in range(3))
+    report = cudacheck.check(flash_rows_kernel(False), (2, 2), 32, q, k, v, np.zeros_like(q), np.float32(0.25))
+    assert report.kinds == {"race"}
+    assert report.findings[0].array in ("shared array `kt`", "shared array `vt`")
+    assert "at the end of the loop body" in report.findings[0].message
