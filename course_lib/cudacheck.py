@@ -106,7 +106,7 @@ class Report:
 
     def __str__(self):
         if self.ok:
-            moved = ", ".join(f"{n} {what}" for what, n in self.traffic.items() if n)
+            moved = ", ".join(f"{n} {what if n > 1 else what[:-1]}" for what, n in self.traffic.items() if n)
             return (f"cudacheck {self.launch()}: no races, barrier errors, out-of-bounds or uninitialized "
                     f"reads ({moved or 'no memory accesses'})")
         n = len(self.findings)
@@ -408,6 +408,9 @@ class _FakeCuda:
     threadfence_block = threadfence_system = threadfence
 
     def __getattr__(self, name):
+        real = getattr(sys.modules.get("numba.cuda"), name, None)
+        if type(real).__module__.startswith("numba.core.types"):   # cuda.float32 and the like: plain types
+            return real
         raise NotImplementedError(
             f"cudacheck does not model cuda.{name}; it models threadIdx, blockIdx, blockDim, gridDim, grid, "
             "gridsize, shared.array, local.array, const.array_like, syncthreads(_count/_and/_or), threadfence "
@@ -456,8 +459,7 @@ class _Atomic:
 
 def _python_function(obj, what):
     """The Python function under a @cuda.jit object (real numba.cuda or its simulator), or obj itself."""
-    fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None) or obj
-    fn = getattr(fn, "__wrapped__", fn) if not isinstance(fn, types.FunctionType) else fn
+    fn = getattr(obj, "py_func", obj)
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"{what} must be a @cuda.jit function or a plain Python function, "
                         f"got {type(obj).__name__}")
