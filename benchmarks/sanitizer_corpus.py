@@ -137,6 +137,7 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
     parser.add_argument("--timeout", type=float, default=120, help="seconds for one sanitizer process")
     parser.add_argument("--out", type=Path, default=RECORD)
+    parser.add_argument("--table", type=Path, help="also write the comparison table (markdown) here")
     args = parser.parse_args(argv)
     if args.launch:
         return launch(*args.launch)
@@ -171,26 +172,37 @@ def main(argv=None):
                          else "fault" if "CUDA_ERROR_" in out else "crashed",
                          "matches_spec": True if MATCH in out else False if DIFFER in out else None,
                          "exit_code": rc}
-                cells = []
+                reports = {}
                 for tool in args.tools:
                     out, rc = outputs[(c.name, variant, tool)]
-                    san = parse_sanitizer(out, rc, tool)
+                    san = reports[tool] = parse_sanitizer(out, rc, tool)
                     if rc is None:
                         san["status"] = "timeout"
                     if san["status"] != "ok":
                         san["tail"] = out[-1500:]
-                    cells.append("timeout" if rc is None else san["status"] if san["status"] != "ok"
-                                 else f"{san['errors']}+{san['hazards']}" if san["flagged"] else "-")
+                flagged_by = [tool for tool, san in reports.items() if san["flagged"]]
+                # said in so many words: the bugs the sanitizer missed, and the twins someone flagged
+                summary = {"sanitizer_flagged_by": flagged_by, "cudacheck_flagged": bool(verdict["kinds"]),
+                           "sanitizer_missed_it": variant == "buggy" and not flagged_by,
+                           "cudacheck_missed_it": bool(flagged_by) and not verdict["kinds"],
+                           "blind_spot": c.blind_spot if variant == "buggy" and not flagged_by else ""}
+                for tool, san in reports.items():
                     rec = {"benchmark": "sanitizer_corpus", "run": run, "case": c.name, "bug": c.bug,
                            "variant": variant, "expect": c.expect, "tool": tool, "sanitizer": san,
                            "cudacheck": {**verdict, "tool_kinds": [k for k in verdict["kinds"]
                                                                    if TOOL_OF_KIND[k] == tool]},
-                           "plain_run": plain, "griddim": c.griddim, "blockdim": c.blockdim,
-                           "environment": env}
+                           "summary": summary, "plain_run": plain, "griddim": c.griddim,
+                           "blockdim": c.blockdim, "environment": env}
                     f.write(json.dumps(rec, sort_keys=True) + "\n")
+                cells = ["timeout" if san["status"] == "timeout" else san["status"] if san["status"] != "ok"
+                         else f"{san['errors']}+{san['hazards']}" if san["flagged"] else "-"
+                         for san in reports.values()]
                 print(f"{c.name:34} {variant:7} " + " ".join(f"{x:>10}" for x in cells) +
                       f"  {','.join(verdict['kinds']) or '-'} / {plain['status']}, spec {plain['matches_spec']}")
     print(f"records appended to {args.out}")
+    if args.table:
+        from course_lib.cudacheck_corpus import comparison_table
+        args.table.write_text(comparison_table(args.out) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

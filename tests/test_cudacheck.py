@@ -373,3 +373,21 @@ def test_the_same_kernel_without_its_second_barrier_is_a_race_on_the_k_tile():
     assert report.kinds == {"race"}
     assert report.findings[0].array in ("shared array `kt`", "shared array `vt`")
     assert "at the end of the loop body" in report.findings[0].message
+
+
+def test_the_record_says_which_bugs_the_sanitizer_missed_and_that_cudacheck_missed_none():
+    records = load_record()
+    for r in records:
+        flagged_by = [t for t in TOOLS if next(x for x in records if (x["case"], x["variant"], x["tool"]) ==
+                                               (r["case"], r["variant"], t))["sanitizer"]["flagged"]]
+        assert r["summary"]["sanitizer_flagged_by"] == flagged_by
+        assert r["summary"]["sanitizer_missed_it"] == (r["variant"] == "buggy" and not flagged_by)
+        assert not r["summary"]["cudacheck_missed_it"]
+    missed = {r["case"] for r in records if r["summary"]["sanitizer_missed_it"]}
+    assert "blocks_add_to_one_element" in missed and "reverse_no_barrier" not in missed
+
+
+def test_a_bug_that_showed_on_the_gpu_in_one_run_only_says_so():
+    assert "| `reverse_no_barrier` (" in comparison_table()
+    row = next(line for line in comparison_table().splitlines() if line.startswith("| `reverse_no_barrier`"))
+    assert row.endswith("| wrong in 1 of 2 runs |")
