@@ -44,7 +44,9 @@ not from a bad interleaving happening to show up, so a kernel that is racy is
 flagged on every run, and a kernel that is not is never flagged.
 
 Not modelled (each raises a clear error if a kernel uses it): warp shuffles and
-votes, ``syncwarp``, dynamic shared memory, cooperative groups.
+votes, ``syncwarp``, dynamic shared memory, cooperative groups.  Its cost is
+a few microseconds per memory access: a tiled attention kernel on a 2 x 2 grid
+of 32 threads checks in a second or two.
 """
 from __future__ import annotations
 
@@ -798,6 +800,12 @@ class _Launch:
     def _conflicts(self, gtid, other, other_epoch):
         """Two accesses by thread gtid (now) and other (in other_epoch) are unordered."""
         return other != gtid and (other_epoch == self.epoch or other // self.nthreads != gtid // self.nthreads)
+
+    # Who touched an element, kept small: the last write, and for reads the first two threads that read
+    # it in the latest interval that read it, plus one reader from an older block.  That is enough to
+    # find a race on every racy element: blocks run in turn and intervals in order, so a write races
+    # with an earlier read exactly when the reader is another thread of this interval or of an older
+    # block, and if any such reader exists, one of the kept ones is such a reader.
 
     def read(self, mem, key, array, index, frame):
         mem.n_reads += 1
