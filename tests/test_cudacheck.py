@@ -1,0 +1,393 @@
+"""cudacheck: every planted bug is named, every fixed twin passes, and the verdicts are deterministic."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from course_lib import cudacheck
+from course_lib.cudacheck_corpus import CASES, RECORD, TOOLS, comparison_table, load_record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(c, variant):
+    args = c.args()
+    return cudacheck.check(getattr(c, variant), c.griddim, c.blockdim, *args), args
+
+
+# --------------------------------------------------------------- the corpus
+
+
+def test_the_corpus_has_at_least_12_bugs_of_every_kind():
+    assert len(CASES) >= 12
+    assert {c.expect for c in CASES} == set(cudacheck.KINDS)
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_every_planted_bug_is_flagged_with_its_kind(c):
+    report, _ = run(c, "buggy")
+    assert not report.ok
+    assert c.expect in report.kinds, str(report)
+    assert str(report).startswith(f"cudacheck {report.launch()}: ")
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_every_fixed_twin_passes_and_gives_the_spec_answer(c):
+    report, args = run(c, "fixed")
+    assert report.ok, str(report)
+    assert "no races, barrier errors, out-of-bounds or uninitialized reads" in str(report)
+    results = [a.copy_to_host() if isinstance(a, cudacheck.Uninitialized) else a for a in args]
+    fresh = [np.zeros(a.shape, a.dtype) if isinstance(a, cudacheck.Uninitialized) else a for a in c.args()]
+    for pos, want in c.spec(*fresh).items():
+        np.testing.assert_allclose(results[pos], want, rtol=1e-5, atol=1e-5)
+
+
+def test_verdicts_are_deterministic():
+    c = next(c for c in CASES if c.name == "tile_loop_no_second_barrier")
+    assert str(run(c, "buggy")[0]) == str(run(c, "buggy")[0])
+
+
+# ------------------------------------------------ what a finding says
+
+
+@cuda.jit
+def neighbour_sum(a, out):
+    tile = cuda.shared.array(64, float32)
+    t, i = cuda.threadIdx.x, cuda.grid(1)
+    tile[t] = a[i]
+    out[i] = tile[t] + tile[(t + 1) % 64]
+
+
+def test_a_race_names_block_threads_array_index_and_both_lines():
+    report = cudacheck.check(neighbour_sum, 2, 64, np.ones(128, np.float32), np.zeros(128, np.float32))
+    first = report.findings[0]   # thread 0 runs first and reads tile[1]; thread 1 then overwrites it
+    assert first.kind == "race" and first.array == "shared array `tile`"
+    assert first.block == (0,) and first.thread == (1,) and first.index == (1,)
+    code = neighbour_sum.py_func.__code__
+    write_line, read_line = code.co_firstlineno + 4, code.co_firstlineno + 5  # from the @cuda.jit line
+    assert first.line == write_line
+    text = first.message
+    assert "thread 1 of block 0 writes tile[1]" in text and "which thread 0 read" in text
+    assert f"line {read_line} of neighbour_sum (`out[i] = tile[t] + tile[(t + 1) % 64]`)" in text
+    assert f"line {write_line} of neighbour_sum (`tile[t] = a[i]`)" in text
+    assert "cuda.syncthreads()" in text
+    assert first.count == 2 * 63   # every slot but the one thread 63 reads after thread 0 wrote it, per block
+
+
+def test_an_out_of_bounds_read_names_the_axis_and_the_fix():
+    c = next(c for c in CASES if c.name == "no_tail_guard")
+    report, _ = run(c, "buggy")
+    f = report.findings[0]
+    assert (f.kind, f.block, f.thread, f.index, f.array) == ("out_of_bounds", (1,), (36,), (100,), "`a`")
+    assert "index 100 is outside axis 0 of length 100" in f.message and "if i < a.shape[0]:" in f.message
+    assert f.count == 28   # threads 36..63 of block 1
+
+
+def test_a_negative_index_is_flagged_though_numba_wraps_it():
+    c = next(c for c in CASES if c.name == "stencil_negative_index")
+    f = run(c, "buggy")[0].findings[0]
+    assert f.index == (-1,) and "numba wraps it to 63" in f.message
+
+
+def test_a_two_dimensional_index_past_its_row_is_out_of_bounds_though_inside_the_allocation():
+    @cuda.jit
+    def row_overrun(a, out):
+        r, c = cuda.grid(2)
+        if r < a.shape[0] and c < a.shape[0]:   # wrong axis: a is (4, 2)
+            out[r, c] = a[r, c]
+    report = cudacheck.check(row_overrun, 1, (4, 4), np.ones((4, 2), np.float32), np.zeros((4, 2), np.float32))
+    assert report.kinds == {"out_of_bounds"}
+    assert "index 2 is outside axis 1 of length 2" in report.findings[0].message
+    assert report.findings[0].thread == (0, 2)
+
+
+def test_a_barrier_that_some_threads_skip_names_who_waits_and_who_left():
+    c = next(c for c in CASES if c.name == "early_return_before_barrier")
+    f = run(c, "buggy")[0].findings[0]
+    assert f.kind == "barrier"
+    assert "in block 1, threads 36-63 finished the kernel without reaching" in f.message
+    assert "that threads 0-35 wait at" in f.message
+
+
+def test_threads_at_two_different_barriers_are_flagged():
+    c = next(c for c in CASES if c.name == "a_barrier_per_branch")
+    f = run(c, "buggy")[0].findings[0]
+    assert "threads 0-31 wait at cuda.syncthreads()" in f.message and "threads 32-63 wait at the one" in f.message
+
+
+def test_a_read_of_a_slot_written_later_in_the_same_interval_is_a_race_not_an_uninitialized_read():
+    c = next(c for c in CASES if c.name == "reverse_no_barrier")
+    assert run(c, "buggy")[0].kinds == {"race"}
+
+
+def test_a_race_between_blocks_on_global_memory_is_flagged():
+    c = next(c for c in CASES if c.name == "blocks_add_to_one_element")
+    report = run(c, "buggy")[0]
+    assert any("(another block)" in f.message and "cuda.atomic" in f.message for f in report.findings)
+
+
+# ------------------------------------------- what a kernel may use
+
+
+@cuda.jit(device=True)
+def scaled_exp(x, m):
+    return math.exp(x - m)
+
+
+@cuda.jit
+def softmax_rows(s, out):
+    # one thread per row; the row's scores staged in local memory
+    r = cuda.grid(1)
+    if r < s.shape[0]:
+        row = cuda.local.array(8, numba.float32)
+        m = numba.float32(-math.inf)
+        for j in range(s.shape[1]):
+            row[j] = s[r, j]
+            m = max(m, row[j])
+        total = numba.float32(0)
+        for j in range(s.shape[1]):
+            row[j] = scaled_exp(row[j], m)
+            total += row[j]
+        for j in range(s.shape[1]):
+            out[r, j] = row[j] / total
+
+
+def test_device_functions_local_arrays_math_and_float32_run_and_compute():
+    s = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    out = np.zeros_like(s)
+    report = cudacheck.check(softmax_rows, 1, 8, s, out)
+    assert report.ok, str(report)
+    want = np.exp(s - s.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, want / want.sum(axis=1, keepdims=True), rtol=1e-5)
+    assert report.traffic["global reads"] == 40 and report.traffic["global writes"] == 40
+
+
+def test_atomics_do_not_race_with_each_other():
+    c = next(c for c in CASES if c.name == "blocks_add_to_one_element")
+    report, args = run(c, "fixed")
+    assert report.ok and args[1][0] == pytest.approx(c.args()[0].sum())
+
+
+def test_a_kernel_that_raises_names_the_thread_and_line():
+    @cuda.jit
+    def divide(a, out):
+        i = cuda.grid(1)
+        out[i] = a[i] + 1 // (i - 3)
+    with pytest.raises(cudacheck.KernelError, match=r"thread 3 of block 0 raised ZeroDivisionError at line"):
+        cudacheck.check(divide, 1, 8, np.ones(8, np.int64), np.zeros(8, np.int64))
+
+
+def test_an_unmodelled_api_is_refused_with_what_is_modelled():
+    @cuda.jit
+    def shuffles(out):
+        out[0] = cuda.shfl_down_sync(0xFFFFFFFF, 1, 1)
+    with pytest.raises(cudacheck.KernelError, match="cudacheck does not model cuda.shfl_down_sync"):
+        cudacheck.check(shuffles, 1, 1, np.zeros(1, np.float32))
+
+
+def test_a_float_index_is_a_clear_type_error():
+    @cuda.jit
+    def half(a):
+        a[cuda.grid(1) / 2] = 1
+    with pytest.raises(cudacheck.KernelError, match="must be an integer, got float"):
+        cudacheck.check(half, 1, 2, np.zeros(2, np.float32))
+
+
+def test_bad_launches_are_refused():
+    with pytest.raises(ValueError, match="blockdim"):
+        cudacheck.check(neighbour_sum, 1, 0, np.ones(1), np.ones(1))
+    with pytest.raises(ValueError, match="at most 1024"):
+        cudacheck.check(neighbour_sum, 1, (64, 32), np.ones(1), np.ones(1))
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        cudacheck.check(neighbour_sum, 1, 64, np.ones(64))
+
+
+def test_the_kernel_objects_of_numbas_simulator_are_checked_too():
+    code = (
+        "import numpy as np\n"
+        "from numba import cuda, float32\n"
+        "from course_lib import cudacheck\n"
+        "@cuda.jit\n"
+        "def k(a, out):\n"
+        "    tile = cuda.shared.array(32, float32)\n"
+        "    tile[cuda.threadIdx.x] = a[cuda.threadIdx.x]\n"
+        "    out[cuda.threadIdx.x] = tile[31 - cuda.threadIdx.x]\n"
+        "print(type(k).__name__, sorted(cudacheck.check(k, 1, 32, np.ones(32, np.float32), np.ones(32, np.float32)).kinds))\n"
+    )
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "FakeCUDAKernel ['race']"
+
+
+# ---------------------------------------- the record made on the H200
+
+
+def test_the_committed_record_holds_every_case_and_tool_and_the_versions():
+    records = load_record()
+    assert {(r["case"], r["variant"], r["tool"]) for r in records} == \
+        {(c.name, v, t) for c in CASES for v in ("buggy", "fixed") for t in TOOLS}
+    env = records[0]["environment"]
+    for key in ("date", "gpu", "driver", "cuda", "compute_sanitizer", "numba", "numba-cuda"):
+        assert env[key] and env[key] != "none", key
+    assert "H200" in env["gpu"]
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_cudacheck_today_flags_every_bug_the_sanitizer_flagged_and_passes_the_twins_it_passed(c):
+    records = {(r["variant"], r["tool"]): r for r in load_record() if r["case"] == c.name}
+    buggy, fixed = run(c, "buggy")[0], run(c, "fixed")[0]
+    assert sorted(buggy.kinds) == records[("buggy", TOOLS[0])]["cudacheck"]["kinds"]  # the record is current
+    for tool in TOOLS:
+        if records[("buggy", tool)]["sanitizer"]["flagged"]:
+            assert not buggy.ok
+        assert not records[("fixed", tool)]["sanitizer"]["flagged"]
+        assert records[("fixed", tool)]["sanitizer"]["status"] == "ok"
+    assert fixed.ok
+
+
+def test_the_comparison_table_shows_the_date_versions_and_what_the_sanitizer_missed():
+    table = comparison_table()
+    env = load_record()[0]["environment"]
+    assert table.startswith(f"Measured on {env['date'][:10]}: {env['gpu']}, driver {env['driver']}")
+    assert f"compute-sanitizer {env['compute_sanitizer']}" in table
+    assert table.count("\n| `") == len(CASES)
+    assert "| `reverse_no_barrier` (" in table and "| flagged (" in table
+    assert "compute-sanitizer flagged nothing in" in table
+    assert "- `blocks_add_to_one_element`: racecheck checks shared memory only" in table
+
+
+# ------------------------------------------ the sanitizer script's reading
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("sanitizer_corpus", ROOT / "benchmarks" / "sanitizer_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RACECHECK_OUT = """========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at reverse_buggy(Array<float>)+0x250
+=========     and Read access at reverse_buggy(Array<float>)+0x260 [512 hazards]
+LAUNCHED
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+MEMCHECK_OUT = """========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at scale_buggy(Array<float>)+0x1c0
+LAUNCHED
+========= ERROR SUMMARY: 29 errors
+"""
+
+
+def test_the_script_reads_each_tools_summary():
+    parse = _script().parse_sanitizer
+    race = parse(RACECHECK_OUT, 0, "racecheck")
+    assert (race["status"], race["flagged"], race["errors"], race["hazards"]) == ("ok", True, 1, 1)
+    assert race["messages"][0].startswith("Error: Race reported between Write access at reverse_buggy")
+    mem = parse(MEMCHECK_OUT, 1, "memcheck")
+    assert (mem["status"], mem["flagged"], mem["errors"]) == ("ok", True, 29)
+    clean = parse("LAUNCHED\n========= ERROR SUMMARY: 0 errors\n", 0, "initcheck")
+    assert (clean["status"], clean["flagged"]) == ("ok", False)
+    fault = parse("CudaAPIError: CUDA_ERROR_ILLEGAL_ADDRESS\n", 1, "racecheck")
+    assert (fault["status"], fault["flagged"]) == ("fault", False)
+    assert parse("Segmentation fault\n", -11, "memcheck")["status"] == "crashed"
+
+
+def test_the_record_lines_are_json_with_one_run():
+    lines = [json.loads(line) for line in RECORD.read_text().splitlines() if line.strip()]
+    assert len({r["run"] for r in lines}) >= 1 and all(r["benchmark"] == "sanitizer_corpus" for r in lines)
+
+
+# ------------------------- the kind of kernel chapter 09 builds, at its shapes
+
+BC, D = 16, 16
+
+
+@cuda.jit(device=True)
+def online_step(m, s):
+    """The running max after score s, and the factors that rescale the old sum and weigh s."""
+    m_new = max(m, s)
+    return m_new, math.exp(m - m_new), math.exp(s - m_new)
+
+
+def flash_rows_kernel(second_barrier):
+    @cuda.jit
+    def flash_rows(q, k, v, out, scale):
+        # a block per (query tile, head), one thread per query row; K / V tiles through shared memory
+        kt = cuda.shared.array((BC, D), float32)
+        vt = cuda.shared.array((BC, D), float32)
+        h, t = cuda.blockIdx.y, cuda.threadIdx.x
+        row = cuda.blockIdx.x * cuda.blockDim.x + t
+        acc = cuda.local.array(D, float32)
+        for d in range(D):
+            acc[d] = 0
+        m, l = float32(-math.inf), float32(0)
+        nk = k.shape[1]
+        for base in range(0, nk, BC):
+            for e in range(t, BC * D, cuda.blockDim.x):
+                j, d = e // D, e % D
+                kt[j, d] = k[h, base + j, d] if base + j < nk else 0
+                vt[j, d] = v[h, base + j, d] if base + j < nk else 0
+            cuda.syncthreads()
+            if row < q.shape[1]:
+                for j in range(min(BC, nk - base)):
+                    s = float32(0)
+                    for d in range(D):
+                        s += q[h, row, d] * kt[j, d]
+                    m, alpha, p = online_step(m, s * scale)
+                    for d in range(D):
+                        acc[d] = acc[d] * alpha + p * vt[j, d]
+                    l = l * alpha + p
+            if second_barrier:
+                cuda.syncthreads()
+        if row < q.shape[1]:
+            for d in range(D):
+                out[h, row, d] = acc[d] / l
+    return flash_rows
+
+
+def test_a_tiled_attention_kernel_with_tails_passes_and_its_answer_is_attention():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 40, D)).astype(np.float32) for _ in range(3))   # 40: tail tiles
+    out = np.zeros_like(q)
+    report = cudacheck.check(flash_rows_kernel(True), (2, 2), 32, q, k, v, out, np.float32(D ** -0.5))
+    assert report.ok, str(report)
+    s = q.astype(np.float64) @ k.transpose(0, 2, 1) * D ** -0.5
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, (p / p.sum(-1, keepdims=True)) @ v, atol=1e-5)
+
+
+def test_the_same_kernel_without_its_second_barrier_is_a_race_on_the_k_tile():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 40, D)).astype(np.float32) for _ in range(3))
+    report = cudacheck.check(flash_rows_kernel(False), (2, 2), 32, q, k, v, np.zeros_like(q), np.float32(0.25))
+    assert report.kinds == {"race"}
+    assert report.findings[0].array in ("shared array `kt`", "shared array `vt`")
+    assert "at the end of the loop body" in report.findings[0].message
+
+
+def test_the_record_says_which_bugs_the_sanitizer_missed_and_that_cudacheck_missed_none():
+    records = load_record()
+    for r in records:
+        flagged_by = [t for t in TOOLS if next(x for x in records if (x["case"], x["variant"], x["tool"]) ==
+                                               (r["case"], r["variant"], t))["sanitizer"]["flagged"]]
+        assert r["summary"]["sanitizer_flagged_by"] == flagged_by
+        assert r["summary"]["sanitizer_missed_it"] == (r["variant"] == "buggy" and not flagged_by)
+        assert not r["summary"]["cudacheck_missed_it"]
+    missed = {r["case"] for r in records if r["summary"]["sanitizer_missed_it"]}
+    assert "blocks_add_to_one_element" in missed and "reverse_no_barrier" not in missed
+
+
+def test_a_bug_that_showed_on_the_gpu_in_one_run_only_says_so():
+    assert "| `reverse_no_barrier` (" in comparison_table()
+    row = next(line for line in comparison_table().splitlines() if line.startswith("| `reverse_no_barrier`"))
+    assert row.endswith("| wrong in 1 of 2 runs |")
