@@ -372,3 +372,22 @@ def test_published_and_measured_speeds_beat_the_two_level_estimate_but_never_the
         assert point["tflops"] * 1e12 > b["two_level"].flops_per_s  # what was called "a bound" before
         assert point["tflops"] * 1e12 <= b["bound"].flops_per_s  # the true one holds
         assert point["kind"] in ("paper", "measured") and point["source"]
+
+
+# -- where the tensors live, and what spills ------------------------------------------------
+
+def test_128x128_at_d128_spills_only_at_4_warps():
+    budget = sram.tile_budget(128, 128, 128, "float16")
+    four, eight = sram.occupancy(budget, "h100_sxm", num_warps=4), sram.occupancy(budget, "h100_sxm", num_warps=8)
+    assert not four.fits and "spill" in four.reason  # 128 threads: more than 255 registers each
+    assert eight.fits and eight.registers_per_thread <= 255  # 256 threads share the same bytes
+
+
+def test_fa2_keeps_one_k_and_v_buffer_and_o_in_registers_fa3_reads_q_from_shared_memory():
+    fa2, fa3 = sram.PLACEMENT["fa2"], sram.PLACEMENT["fa3"]
+    assert "registers" in fa2["O"] and "shared memory" in fa2["O"]  # accumulated in registers, leaves through smem
+    assert "one buffer" in fa2["K"] and "one buffer" in fa2["V"] and "stages" not in fa2["pipelining"]
+    assert "registers" in fa2["Q"] and "warp" in fa2["Q"]  # each warp its own rows
+    assert "shared memory" in fa3["Q"] and "operand" in fa3["Q"]
+    assert "stages" in fa3["K"] and "stages" in fa3["pipelining"]
+    assert set(fa2) == set(fa3)
