@@ -69,13 +69,13 @@ SCHEDULES = ("naive", "two_pass", "fa1", "fa2")
 
 @dataclass(frozen=True)
 class Traffic:
-    """FLOPs, exponentials and HBM bytes of one attention call, per tensor."""
+    """FLOPs, exponentials and bytes of one attention call, per tensor, between the chip and L2 + HBM."""
 
     schedule: str
     flops: int
     exps: int
-    reads: dict  # tensor name -> bytes read from HBM
-    writes: dict  # tensor name -> bytes written to HBM
+    reads: dict  # tensor name -> bytes read into the chip (from L2 or HBM)
+    writes: dict  # tensor name -> bytes written out of the chip
 
     @property
     def read_bytes(self) -> int:
@@ -87,18 +87,18 @@ class Traffic:
 
     @property
     def bytes(self) -> int:
-        """All HBM traffic, reads plus writes."""
+        """All traffic below the chip (the two-level count), reads plus writes."""
         return self.read_bytes + self.write_bytes
 
     @property
     def intensity(self) -> float:
-        """Arithmetic intensity, FLOP per byte of HBM traffic."""
+        """Arithmetic intensity, FLOP per byte of the two-level count."""
         return self.flops / self.bytes if self.bytes else math.inf
 
     def table(self) -> str:
         """Per-tensor reads and writes as fixed-width text."""
         names = sorted(set(self.reads) | set(self.writes), key=_TENSOR_ORDER.index)
-        lines = [f"{self.schedule}: {self.flops:,} FLOP, {self.bytes:,} B of HBM traffic, "
+        lines = [f"{self.schedule}: {self.flops:,} FLOP, {self.bytes:,} B between chip and L2 + HBM, "
                  f"intensity {self.intensity:.4g} FLOP/B",
                  f"  {'tensor':<7}{'read B':>16}{'written B':>16}"]
         for n in names:

@@ -570,7 +570,7 @@ def draw_roofline(ax, machines, points=(), *, dtype="float16", source="datasheet
                 color=p.get("colour", "black"), label=p.get("label"), zorder=5)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte, at the level each point counts)")
     ax.set_ylabel("attainable FLOP/s")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
