@@ -356,17 +356,21 @@ def preset_table(dtype="float16") -> list:
         rows.append(dict(key=hw.key, name=hw.name, dtype=used, peak_tflops=float(fig) / TERA,
                          bandwidth_tbs=float(hw.bandwidth) / TERA, ridge=hw.ridge(used),
                          sram_kib=float(hw.sram_per_unit) / KiB, units=int(float(hw.units)),
+                         l2_mib=float(hw.l2) / MiB if hw.l2 is not None else None,
+                         tf32_tflops=hw.peak("tfloat32") / TERA if "tfloat32" in hw.peak_flops else None,
                          kind=fig.kind))
     return rows
 
 
 def format_table(rows) -> str:
     """The preset table as fixed-width text (deterministic, for notebooks)."""
-    lines = [f"{'machine':<50}{'dtype':<10}{'peak TFLOP/s':>13}{'TB/s':>8}{'ridge F/B':>11}"
-             f"{'SRAM KiB':>10}{'units':>7}  kind"]
+    lines = [f"{'machine':<50}{'dtype':<10}{'peak TFLOP/s':>13}{'TF32':>7}{'TB/s':>8}{'ridge F/B':>11}"
+             f"{'SRAM KiB':>10}{'L2 MiB':>8}{'units':>7}  kind"]
+    blank = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
     for r in rows:
-        lines.append(f"{r['name']:<50}{r['dtype']:<10}{r['peak_tflops']:>13.4g}{r['bandwidth_tbs']:>8.3g}"
-                     f"{r['ridge']:>11.4g}{r['sram_kib']:>10.4g}{r['units']:>7}  {r['kind']}")
+        lines.append(f"{r['name']:<50}{r['dtype']:<10}{r['peak_tflops']:>13.4g}{blank(r['tf32_tflops'], '.4g'):>7}"
+                     f"{r['bandwidth_tbs']:>8.3g}{r['ridge']:>11.4g}{r['sram_kib']:>10.4g}"
+                     f"{blank(r['l2_mib'], '.4g'):>8}{r['units']:>7}  {r['kind']}")
     return "\n".join(lines)
 
 

@@ -127,6 +127,9 @@ def test_preset_table_lists_every_preset_with_its_kind():
     for hw in roofline.HARDWARE.values():
         assert hw.name in text
     assert "datasheet" in text and "illustrative" in text
+    h100 = next(r for r in roofline.preset_table("float16") if r["key"] == "h100_sxm")
+    assert (h100["l2_mib"], h100["tf32_tflops"]) == (50, pytest.approx(494.7))
+    assert "L2 MiB" in text and "TF32" in text
 
 
 def fake_measurement(**changes):
