@@ -6,8 +6,8 @@ value.  On failure it prints where it went wrong (the worst element, its row
 and tile, the largest absolute and relative errors, the share of elements off,
 a small text heat map of where they are) and raises ``CheckFailed``.
 
-The tolerance rule, always for the dtype the answer is expected in (never the
-dtype an answer happens to return):
+The tolerance rule of ``check_attention``, for the dtype the answer is expected
+in (q's), never the dtype an answer happens to return:
 - float64: |actual - expected| <= atol + rtol * |expected|, the tight bounds of
   ``tolerance(dtype)``;
 - float16 / bfloat16 attention, FlashAttention's own rule: the largest error
@@ -58,7 +58,7 @@ class Verdict:
 
 
 def tolerance(dtype) -> tuple:
-    """(atol, rtol) for answers expected in this dtype (float64 for ints and unknowns)."""
+    """(atol, rtol) for answers of this dtype (float64 for ints and unknowns)."""
     return TOLERANCE.get(np.dtype(dtype).name, TOLERANCE["float64"])
 
 
@@ -148,15 +148,9 @@ def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", 
     return Verdict(False, f"FAIL {name}: {int(bad.sum())} of {bad.size} elements differ", "\n".join(lines))
 
 
-def check_close(name, actual, expected, *, atol=None, rtol=None, dtype=None, block_q=64) -> None:
-    """Check an array elementwise against the expected one.
-
-    The bounds are ``tolerance(dtype)``, ``dtype`` being the dtype the answer
-    is expected in: by default the expected array's own, never the answer's
-    (an answer cannot loosen its check by returning float16).  Pass ``dtype``
-    when the expected values are computed in float64 for a float32 answer.
-    """
-    dtype = np.asarray(expected).dtype if dtype is None else np.dtype(dtype)
+def check_close(name, actual, expected, *, atol=None, rtol=None, block_q=64) -> None:
+    """Check an array elementwise against the expected one (compute that in float64)."""
+    dtype = np.asarray(actual).dtype
     default_atol, default_rtol = tolerance(dtype if dtype.kind == "f" or dtype.name == "bfloat16" else np.float64)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol

@@ -417,3 +417,11 @@ MEASURED_NCU = [
          dram_bytes=654e6, l2_bytes=45e9, kind="measured", date="2026-12-01",
          source="ncu on the course's H200 (issue 13)"),
 ]
+
+
+def __getattr__(name):
+    """Old names: the counted kernel moved to ``course_lib.counted`` (imported lazily: it imports this module)."""
+    if name in ("run_counted", "Counted"):
+        from . import counted
+        return getattr(counted, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

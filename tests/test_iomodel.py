@@ -391,3 +391,12 @@ def test_fa2_keeps_one_k_and_v_buffer_and_o_in_registers_fa3_reads_q_from_shared
     assert "shared memory" in fa3["Q"] and "operand" in fa3["Q"]
     assert "stages" in fa3["K"] and "stages" in fa3["pipelining"]
     assert set(fa2) == set(fa3)
+
+
+def test_iomodel_is_the_model_and_keeps_its_old_names_for_what_moved_out():
+    from course_lib import counted
+
+    assert iomodel.run_counted is counted.run_counted and iomodel.Counted is counted.Counted
+    assert iomodel.time_bound is roofline.time_bound and iomodel.Bound is roofline.Bound
+    with pytest.raises(AttributeError, match="HBM"):
+        iomodel.HBM  # noqa: B018  (the counted memories live in course_lib.counted only)
