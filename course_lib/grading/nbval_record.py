@@ -1,6 +1,6 @@
 """A pytest plugin that records what happened to each notebook cell under nbval.
 
-    python -m pytest --nbval --nbval-current-env -p course_lib.nbval_record \\
+    python -m pytest --nbval --nbval-current-env -p course_lib.grading.nbval_record \\
         --cell-records records.jsonl exercises/01_naive_attention.ipynb
 
 nbval reports a failing cell as a pytest failure with a long, coloured text;
@@ -52,9 +52,9 @@ class KernelDied(RuntimeError):
 def pytest_addoption(parser):
     group = parser.getgroup("nbval")
     group.addoption("--cell-records", metavar="PATH", default=None,
-                    help="append each notebook cell's outcome to PATH as JSON lines (course_lib.nbval_record)")
+                    help="append each notebook cell's outcome to PATH as JSON lines (course_lib.grading.nbval_record)")
     group.addoption("--ignore-stderr", action="store_true",
-                    help="compare cell outputs without their stderr streams (course_lib.nbval_record)")
+                    help="compare cell outputs without their stderr streams (course_lib.grading.nbval_record)")
 
 
 def pytest_configure(config):
