@@ -7,8 +7,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_output
 
 import notebook_factory as nf
-from course_lib import authoring
-from course_lib.authoring import AuthoringError, make_exercise, stub_source
+from course_lib.grading import authoring
+from course_lib.grading.authoring import AuthoringError, make_exercise, stub_source
 
 REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
 

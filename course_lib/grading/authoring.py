@@ -30,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 
-COURSE_ROOT = Path(__file__).resolve().parent.parent
+COURSE_ROOT = Path(__file__).resolve().parent.parent.parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _MARKER = re.compile(r"^(\s*)(### BEGIN SOLUTION|### END SOLUTION)\s*$")
 

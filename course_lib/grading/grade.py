@@ -211,8 +211,10 @@ def match_cells(sub, pristine):
                 twin = [c for c in cells if "check" in _tags(c) and _course(c).get("exercise") == _course(cell).get("exercise")]
                 if twin:
                     matched[cell.id] = twin[0]
+    sources = {c.source for c in pristine.cells}
     extra = [i for i, c in enumerate(cells) if c.get("cell_type") == "code" and c.get("id") not in known
-             and not any(c is m for m in matched.values()) and _text(c.get("source")).strip()]
+             and not any(c is m for m in matched.values()) and _text(c.get("source")).strip()
+             and _text(c.get("source")) not in sources]
     if extra:
         where = ", ".join(str(i) for i in extra[:5])
         notes.append(f"extra code cell{'s' if len(extra) > 1 else ''} {where} not run by the grader: "
@@ -296,6 +298,15 @@ def bound_names(sources) -> set:
             elif isinstance(node, (ast.Global, ast.Nonlocal)):
                 names.update(node.names)
     return names
+
+
+def read_names(source) -> set:
+    """The names a cell reads."""
+    try:
+        tree = ast.parse(_python(source))
+    except SyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def sandbox_setup(pristine) -> list:
@@ -427,18 +438,23 @@ class Run:
         except wire.WireError as exc:
             raise Stop("error", f"{name}(...) returned {exc}") from None
 
-    def inject(self, namespace, course_names):
-        """Put what the answers defined, and the course does not, into the checks' namespace."""
+    def inject(self, namespace, course_names, wanted):
+        """Put what the answers defined, the course does not, and the check reads into its namespace."""
         for name, kind in self.names.items():
-            if name in course_names:
+            if name in course_names or name not in wanted:
                 continue
             if kind == "callable":
                 namespace[name] = AnswerProxy(self, name)
-            else:
-                try:
-                    namespace[name] = self.session.get(name, timeout=self.timeout)
-                except (sandbox.AnswerRaised, wire.WireError, sandbox.Timeout, sandbox.Died, EOFError, OSError):
-                    namespace.pop(name, None)
+                continue
+            try:
+                namespace[name] = self.session.get(name, timeout=self.timeout)
+            except sandbox.AnswerRaised as exc:
+                raise Stop("error", f"{name} is {exc.error.get('message', '')}") from None
+            except wire.WireError as exc:
+                raise Stop("error", f"{name} is {exc}") from None
+            except (sandbox.Timeout, sandbox.Died, EOFError, OSError) as exc:
+                self.stop()
+                raise Stop("error", _died(exc, "answer")) from None
 
 
 def _died(exc, where):
@@ -452,7 +468,9 @@ def _answer_status(error, where):
     if "NotImplementedError" in error.get("types", []):
         return "fail", "not implemented yet"
     text = f"{name}: {message}" if message else name
-    if name == "NameError":
+    if name == "WireError":
+        text = f"what the answer gave back is {message}"
+    elif name == "NameError":
         text += " (the grader runs only the course's cells and your answer cells: define what you use there)"
     elif name == "ModuleNotFoundError" and "course_lib" in message:
         text += " (answers cannot use the course's library: write the code yourself)"
@@ -509,7 +527,7 @@ def _check(run, source, namespace, course_names, timeout):
     try:
         if run.session is None:
             run.start()
-        run.inject(namespace, course_names)
+        run.inject(namespace, course_names, read_names(source))
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
             exec(compile(_python(source), "<check cell>", "exec"), namespace)
     except Stop as stop:

@@ -60,6 +60,8 @@ def encode(value, buffers, remote=None, depth=0):
         array = np.asarray(value)
         if array.dtype.name not in DTYPES:
             raise WireError(f"an array of dtype {array.dtype} (allowed: numbers and bools)")
+        if array.nbytes + sum(len(b) for b in buffers) > MAX_MESSAGE:
+            raise WireError(f"more than {MAX_MESSAGE // 2**20} MiB of arrays")
         buffers.append(np.ascontiguousarray(array).tobytes())
         tag = "array" if kind is np.ndarray else "scalar"
         return {"t": tag, "dtype": array.dtype.name, "shape": list(array.shape), "buf": len(buffers) - 1,
