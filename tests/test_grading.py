@@ -554,3 +554,79 @@ def test_real_solution_scores_full_marks_untouched_zero_and_a_partial_exactly_it
     assert untouched.total == (0, total) and {r.status for r in untouched.rows} == {"fail"}, grade.format_result(untouched)
     assert [r.status for r in partial.rows] == ["pass"] + ["fail"] * (len(names) - 1), grade.format_result(partial)
     assert partial.total == (points[names[0]], total)
+
+
+# -- exercises that ask for an algorithm check the algorithm -----------------------------
+
+# Each is a right output computed the wrong way: every one passed before its check counted.
+WRONG_ALGORITHMS = {
+    "03_tiling_and_sram": {"3.3": '''def blocks_per_sm(shared_bytes, regs_per_thread, threads, sm):
+    if shared_bytes > sm["smem_per_block"] or regs_per_thread > sm["max_regs_per_thread"]:
+        return 0
+    return min(sm["smem_per_sm"] // (shared_bytes + sm["reserved_per_block"]),
+               sm["regs_per_sm"] // (regs_per_thread * threads), sm["max_blocks"])  # no threads-per-SM cap'''},
+    "06_masks": {"6.4": None},  # the solution with `left > 0` for `left >= 0`, below
+    "04_online_softmax": {
+        "4.2": '''def online_softmax(s, Bc):  # three passes: max, then sum, then normalise
+    rows, n = s.shape
+    m = np.full(rows, -np.inf)
+    for j in range(0, n, Bc):
+        m = np.maximum(m, s[:, j:j + Bc].max(axis=1))
+    shift = np.where(np.isneginf(m), 0.0, m)
+    l = np.zeros(rows)
+    for j in range(0, n, Bc):
+        l += np.exp(s[:, j:j + Bc] - shift[:, None]).sum(axis=1)
+    l = np.where(l > 0, l, 1.0)
+    return np.concatenate([np.exp(s[:, j:j + Bc] - shift[:, None]) / l[:, None] for j in range(0, n, Bc)], axis=1)''',
+        "4.6": '''def split_kv_attention(q, k, v, n_splits):  # one chunk, whatever n_splits says
+    s = np.einsum("hd,hnd->hn", q, k[:, 0:k.shape[1]]) / math.sqrt(q.shape[1])
+    m = s.max(axis=1, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(axis=1)
+    return np.einsum("hn,hnd->hd", p, v[:, 0:v.shape[1]]) / l[:, None], m[:, 0] + np.log(l)'''},
+    "05_flash_forward": {
+        "5.4": '''def flash_fa1(q, k, v, Br, Bc, scale=None):  # FA2's loop order: K and V read once per query tile
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    O, lse = np.zeros((B, H, Nq, v.shape[3])), np.zeros((B, H, Nq))
+    for b in range(B):
+        for h in range(H):
+            for i in range(0, Nq, Br):
+                Qi = q[b, h, i:i + Br]
+                Oi, li, mi = np.zeros((len(Qi), v.shape[3])), np.zeros(len(Qi)), np.full(len(Qi), -np.inf)
+                for j in range(0, Nk, Bc):
+                    Oi, li, mi = fa1_step(Qi, k[b, h, j:j + Bc], v[b, h, j:j + Bc], Oi, li, mi, scale)
+                O[b, h, i:i + Br], lse[b, h, i:i + Br] = Oi, mi + np.log(li)
+    return O, lse''',
+        "5.5": None},  # the solution without its `break`, below
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_algorithms(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wrong")
+    paths = {}
+    for stem, answers in WRONG_ALGORITHMS.items():
+        solution = nf.read(nf.REPO / "solutions" / f"{stem}.ipynb")
+        for name, source in answers.items():
+            nb = copy.deepcopy(solution)
+            cell = nf.cells(nb, "answer", name)[0]
+            if source is None and name == "6.4":
+                assert cell.source.count("left >= 0") == 2
+                source = cell.source.replace("left >= 0", "left > 0")
+            elif source is None and name == "5.5":
+                source = cell.source.replace("break  # this tile", "pass  # no skipping: this tile")
+                assert source != cell.source
+            cell.source = source
+            paths[(stem, name)] = nf.write(nb, folder / f"{stem}-{name}.ipynb")
+    results = grade.grade_all(paths.values(), grade.Course(nf.REPO), grade.Options(timeout=300), jobs=2)
+    return dict(zip(paths, results))
+
+
+@pytest.mark.parametrize("stem, name", [(s, n) for s, answers in WRONG_ALGORITHMS.items() for n in answers])
+def test_a_right_output_by_the_wrong_algorithm_does_not_pass(wrong_algorithms, stem, name):
+    result = wrong_algorithms[(stem, name)]
+    rows = {r.exercise: r for r in result.rows}
+    assert rows[name].status in ("fail", "error"), grade.format_result(result)
+    assert all(r.status == "pass" for n, r in rows.items() if n != name), grade.format_result(result)
