@@ -97,6 +97,24 @@ def make_exercise(nb, path=None):
     return nb
 
 
+def _validate_setup(cell, where) -> None:
+    """A ``setup`` cell runs in the grader's sandbox too, where there is no course_lib."""
+    import ast
+
+    if cell.cell_type != "code" or {"answer", "check"} & set(tags(cell)):
+        raise AuthoringError(f"{where}: a cell tagged 'setup' must be a code cell, neither answer nor check")
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError as exc:
+        raise AuthoringError(f"{where}: a 'setup' cell must be plain Python (no magics): {exc}") from None
+    for node in ast.walk(tree):
+        modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                   else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(m.split(".")[0] == "course_lib" for m in modules):
+            raise AuthoringError(f"{where}: a 'setup' cell runs in the grader's sandbox, which has no course_lib; "
+                                 "import course_lib in an untagged cell after it")
+
+
 def validate(nb, path=None) -> None:
     """Raise AuthoringError unless ``nb`` follows CONTRIBUTING.md's exercise conventions."""
     answers, checks = {}, {}  # exercise -> cell indices
@@ -105,6 +123,8 @@ def validate(nb, path=None) -> None:
         if not cell.get("id"):
             raise AuthoringError(f"{where}: the cell has no id; save the notebook with nbformat >= 4.5 "
                                  "(JupyterLab 3+) so that ids are stored")
+        if "setup" in tags(cell):
+            _validate_setup(cell, where)
         kind = "answer" if "answer" in tags(cell) else "check" if "check" in tags(cell) else None
         has_markers = BEGIN in cell.source or END in cell.source
         if kind is None:

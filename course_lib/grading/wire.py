@@ -66,7 +66,7 @@ def encode(value, buffers, remote=None, depth=0):
         tag = "array" if kind is np.ndarray else "scalar"
         return {"t": tag, "dtype": array.dtype.name, "shape": list(array.shape), "buf": len(buffers) - 1,
                 "writeable": bool(array.flags.writeable) if kind is np.ndarray else True}
-    if kind is np.dtype and value.name in DTYPES:
+    if isinstance(value, np.dtype) and value.name in DTYPES:
         return {"t": "dtype", "v": value.name}
     if isinstance(value, type) and issubclass(value, np.generic) and np.dtype(value).name in DTYPES:
         return {"t": "type", "v": np.dtype(value).name}
