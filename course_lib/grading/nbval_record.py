@@ -4,7 +4,7 @@
         --cell-records records.jsonl exercises/01_naive_attention.ipynb
 
 nbval reports a failing cell as a pytest failure with a long, coloured text;
-the grader and the exercise tests need to know *which* cell (by id) failed and
+the exercise tests need to know *which* cell (by id) failed and
 *why* (a check that failed, a missing answer, a timeout, a dead kernel).  This
 plugin appends one JSON object per line to the ``--cell-records`` file:
 
@@ -20,7 +20,7 @@ skipped.  Each line is written and flushed at once, so a run killed from
 outside still leaves everything up to the cell that was running.
 
 With ``--ignore-stderr`` it leaves warnings out of nbval's comparison of
-outputs (the grader uses it: a warning is not a wrong answer).
+outputs (a warning is not a wrong answer).
 
 It also teaches nbval to notice a dead kernel: nbval waits for a reply for the
 whole cell timeout even when the kernel has crashed (a segfault), and then
