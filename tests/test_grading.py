@@ -630,3 +630,21 @@ def test_a_right_output_by_the_wrong_algorithm_does_not_pass(wrong_algorithms, s
     rows = {r.exercise: r for r in result.rows}
     assert rows[name].status in ("fail", "error"), grade.format_result(result)
     assert all(r.status == "pass" for n, r in rows.items() if n != name), grade.format_result(result)
+
+
+def test_a_float64_answer_to_a_float32_case_passes_in_the_notebook_and_in_the_grader(tmp_path):
+    """Set 01's 1.1 has a float32 case; an answer computed (more exactly) in float64 passes both,
+    because the tolerance is the float32 case's, not the answer's."""
+    answer = ("def scores(q, k, scale=None):\n    if scale is None:\n        scale = 1 / math.sqrt(q.shape[-1])\n"
+              "    return scale * (q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64))")
+    exercise = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    namespace = {"__name__": "__main__"}
+    for cell in exercise.cells:  # the learner's kernel, up to the check of 1.1
+        if cell.cell_type == "code":
+            exec(answer if cell.id == "ex1-1-answer" else cell.source, namespace)
+            if cell.id == "ex1-1-check":
+                break
+    nb = copy.deepcopy(exercise)
+    _set_answer(nb, "1.1", answer)
+    result = grade.grade(nf.write(nb, tmp_path / "float64.ipynb"), grade.Course(nf.REPO), grade.Options(timeout=60))
+    assert result.rows[0].status == "pass", grade.format_result(result)
