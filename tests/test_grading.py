@@ -648,3 +648,38 @@ def test_a_float64_answer_to_a_float32_case_passes_in_the_notebook_and_in_the_gr
     _set_answer(nb, "1.1", answer)
     result = grade.grade(nf.write(nb, tmp_path / "float64.ipynb"), grade.Course(nf.REPO), grade.Options(timeout=60))
     assert result.rows[0].status == "pass", grade.format_result(result)
+
+
+PROBE = """import os, socket, sys
+site = [p for p in sys.path if p.endswith('site-packages')][0]
+seen = {'uid': os.getuid(), 'pid': os.getpid(), 'root': sorted(os.listdir('/'))}
+try:
+    import course_lib
+    seen['course_lib'] = course_lib.__file__
+except ImportError:
+    seen['course_lib'] = None
+for target in (site + '/x.pth', '/usr/x', '/grader/x'):
+    try:
+        open(target, 'w')
+        seen[target] = 'written'
+    except OSError:
+        pass
+open('/tmp/mine', 'w').write('ok')
+try:
+    socket.create_connection(('1.1.1.1', 80), timeout=1)
+    seen['net'] = True
+except OSError:
+    seen['net'] = False
+"""
+
+
+@pytest.mark.parametrize("userns", [True, False] if os.geteuid() == 0 else [True], ids=lambda u: "userns" if u else "setpriv")
+def test_the_sandbox_is_unprivileged_read_only_offline_and_sees_no_course(userns):
+    with sandbox.Session(sandbox.Limits(), userns=userns) as session:
+        session.exec([PROBE], timeout=60)
+        seen = session.get("seen", timeout=60)
+    assert seen["uid"] == sandbox.SANDBOX_UID and seen["pid"] < 10  # its own PID namespace
+    assert seen["course_lib"] is None and seen["net"] is False
+    assert not [k for k, v in seen.items() if v == "written"]
+    assert set(seen["root"]) <= {"bin", "dev", "etc", "grader", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
+                                 "tmp", "usr", *(p.split("/")[1] for p in map(str, sandbox._python_roots()))}

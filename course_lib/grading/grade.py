@@ -52,6 +52,7 @@ from pathlib import Path
 import nbformat
 
 from . import sandbox, wire
+from .worker import plain_python as _python
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_TIMEOUT = 120          # seconds for an exercise's answer cells, and again for its check
@@ -275,11 +276,6 @@ def find_tampering(matched, pristine, course) -> dict:
 
 # -- the course's cells, run here ------------------------------------------------------
 
-def _python(source: str) -> str:
-    """A cell's source without IPython lines (magics, shell escapes): the grader runs plain Python."""
-    return "\n".join("pass  # " + line if line.lstrip()[:1] in ("%", "!") else line for line in source.splitlines())
-
-
 def bound_names(sources) -> set:
     """Every name these cells bind anywhere (assignments, defs, imports, loop targets)."""
     names = set()
@@ -377,17 +373,43 @@ class Run:
         self.names = {}           # what the answers defined, by kind
         self.session = None
         self.deadline = None
+        # the whole submission: an answer and a check per exercise, and room for restarts
+        n = sum(1 for c in pristine.cells if "check" in _tags(c))
+        self.begin = time.monotonic()
+        self.end = self.begin + timeout * (2 * n + 2)
         self.log = tempfile.NamedTemporaryFile(prefix="course-grade-", suffix=".log", delete=False)
         self.log.close()
 
+    def left(self, limit):
+        """Seconds a request may take: its own limit, cut to what the submission has left."""
+        left = min(limit, self.end - time.monotonic())
+        if left <= 0:
+            raise sandbox.Timeout()
+        return left
+
     def start(self):
-        self.session = sandbox.Session(self.limits, trusted=self.trusted, log_path=self.log.name)
-        self.session.exec(self.setup, label="setup", timeout=max(60.0, self.timeout))
-        for label, cells in self.replay:
-            try:
-                self.session.exec(cells, label=label, timeout=self.timeout)
-            except sandbox.AnswerRaised:
-                pass
+        """A fresh sandbox with the setup and the answers so far; one that now hangs or dies is dropped."""
+        while True:
+            self.session = sandbox.Session(self.limits, trusted=self.trusted, log_path=self.log.name)
+            self.session.exec(self.setup, label="setup", timeout=self.left(max(60.0, self.timeout)))
+            for label, cells in self.replay:
+                try:
+                    self.session.exec(cells, label=label, timeout=self.left(self.timeout))
+                except sandbox.AnswerRaised:
+                    pass
+                except (sandbox.Timeout, sandbox.Died):
+                    self.stop()
+                    if time.monotonic() >= self.end:
+                        raise
+                    self.replay.remove((label, cells))
+                    break
+            else:
+                return
+
+    def out_of_time(self, what):
+        if time.monotonic() >= self.end:
+            return f"the submission ran past its {self.end - self.begin:g} s in all"
+        return what
 
     def stop(self):
         if self.session is not None:
@@ -405,13 +427,13 @@ class Run:
         try:
             if self.session is None:
                 self.start()
-            names = self.session.exec(cells, label=ex.name, timeout=self.timeout)
+            names = self.session.exec(cells, label=ex.name, timeout=self.left(self.timeout))
         except sandbox.AnswerRaised as exc:
             self.replay.append((ex.name, cells))
             return _answer_status(exc.error, "answer")
         except sandbox.Timeout:
             self.stop()
-            return "timeout", f"the answer cell ran longer than {self.timeout:g} s"
+            return "timeout", self.out_of_time(f"the answer cell ran longer than {self.timeout:g} s")
         except (sandbox.Died, wire.WireError, EOFError, OSError) as exc:
             self.stop()
             return "error", _died(exc, "answer")
@@ -420,9 +442,9 @@ class Run:
         return None
 
     def call(self, name, args, kwargs):
-        left = self.deadline - time.monotonic()
+        left = min(self.deadline, self.end) - time.monotonic()
         if left <= 0:
-            raise Stop("timeout", f"the check ran longer than {self.timeout:g} s")
+            raise Stop("timeout", self.out_of_time(f"the check ran longer than {self.timeout:g} s"))
         try:
             if self.session is None:
                 self.start()
@@ -431,7 +453,7 @@ class Run:
             raise _rebuilt(exc.error) from None
         except sandbox.Timeout:
             self.stop()
-            raise Stop("timeout", f"{name}(...) ran longer than the {self.timeout:g} s of its check") from None
+            raise Stop("timeout", self.out_of_time(f"{name}(...) ran longer than the {self.timeout:g} s of its check")) from None
         except (sandbox.Died, EOFError, OSError) as exc:
             self.stop()
             raise Stop("error", _died(exc, "answer")) from None
@@ -447,12 +469,15 @@ class Run:
                 namespace[name] = AnswerProxy(self, name)
                 continue
             try:
-                namespace[name] = self.session.get(name, timeout=self.timeout)
+                namespace[name] = self.session.get(name, timeout=self.left(self.timeout))
             except sandbox.AnswerRaised as exc:
                 raise Stop("error", f"{name} is {exc.error.get('message', '')}") from None
             except wire.WireError as exc:
                 raise Stop("error", f"{name} is {exc}") from None
-            except (sandbox.Timeout, sandbox.Died, EOFError, OSError) as exc:
+            except sandbox.Timeout:
+                self.stop()
+                raise Stop("timeout", self.out_of_time(f"fetching {name} took longer than {self.timeout:g} s")) from None
+            except (sandbox.Died, EOFError, OSError) as exc:
                 self.stop()
                 raise Stop("error", _died(exc, "answer")) from None
 
@@ -532,7 +557,10 @@ def _check(run, source, namespace, course_names, timeout):
             exec(compile(_python(source), "<check cell>", "exec"), namespace)
     except Stop as stop:
         return stop.status, stop.reason
-    except (sandbox.Timeout, sandbox.Died) as exc:
+    except sandbox.Timeout:
+        run.stop()
+        return "timeout", run.out_of_time(f"the answers ran longer than {timeout:g} s when the sandbox was restarted")
+    except sandbox.Died as exc:
         run.stop()
         return "error", _died(exc, "answer")
     except CheckFailed as exc:

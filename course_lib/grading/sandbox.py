@@ -76,7 +76,7 @@ def _python_roots():
     return sorted({r.resolve() for r in roots if r.exists()})
 
 
-def _bwrap_argv(in_fd, out_fd, limits: Limits):
+def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
     import course_lib  # only to hide it where it is installed
 
     argv = [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -110,13 +110,14 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits):
         argv.extend(["--tmpfs", str(package)])  # installed, not editable: hide it
     argv.extend(["--dir", "/grader", "--ro-bind", str(HERE / "worker.py"), "/grader/worker.py",
                  "--ro-bind", str(HERE / "wire.py"), "/grader/wire.py",
-                 "--perms", "01777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp"])
+                 "--perms", "01777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+                 "--remount-ro", "/", "--chdir", "/tmp"])
     env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
            "NUMBA_CACHE_DIR": "/tmp/numba", "MPLCONFIGDIR": "/tmp/mpl", "MPLBACKEND": "Agg"}
     for key, value in env.items():
         argv.extend(["--setenv", key, value])
-    if os.geteuid() == 0:
+    if not userns:
         argv.extend(["--", "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"])
     else:
@@ -154,8 +155,11 @@ class Session:
     and the instructor said the submissions are trusted.
     """
 
-    def __init__(self, limits: Limits, trusted=False, log_path=None):
+    def __init__(self, limits: Limits, trusted=False, log_path=None, userns=None):
         self.limits = limits
+        # root drops to uid 65534 with setpriv (a real unprivileged user outside too); anyone
+        # else becomes 65534 inside a user namespace of their own
+        self.userns = os.geteuid() != 0 if userns is None else userns
         to_worker_r, self._to_worker = os.pipe()
         self._from_worker, from_worker_w = os.pipe()
         log = open(log_path or os.devnull, "wb")
@@ -166,7 +170,7 @@ class Session:
             else:
                 if not bwrap():
                     raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
-                argv = _bwrap_argv(in_fd, out_fd, limits)
+                argv = _bwrap_argv(in_fd, out_fd, limits, self.userns)
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
                 pass_fds=(in_fd, out_fd), preexec_fn=self._child_limits, start_new_session=True)
