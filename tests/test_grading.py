@@ -683,3 +683,23 @@ def test_the_sandbox_is_unprivileged_read_only_offline_and_sees_no_course(userns
     assert not [k for k, v in seen.items() if v == "written"]
     assert set(seen["root"]) <= {"bin", "dev", "etc", "grader", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
                                  "tmp", "usr", *(p.split("/")[1] for p in map(str, sandbox._python_roots()))}
+
+
+def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inputs(course, tmp_path):
+    """The notebook's inputs are seeded and public: outputs computed elsewhere and pasted in pass
+    the checks as published, and fail when the grader draws the same cases from a secret salt."""
+    rng = np.random.default_rng(0)  # the synthetic set's setup cell
+    q, k = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    table = f"TABLE = np.array({(q @ k.T).tolist()!r})\ndef scores(q, k):\n    return TABLE"
+    path = nf.write(_solution_with(course, {"1.1": table}), tmp_path / "table.ipynb")
+    same = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT))
+    fresh = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT, fresh_inputs=12345))
+    assert same.rows[0].status == "pass" and fresh.rows[0].status == "fail"
+    assert [r.status for r in fresh.rows[1:]] == ["pass", "pass"]
+
+
+@pytest.mark.parametrize("salt", [7919, 2**40 + 1])
+def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
+    results = grade.grade_all(REAL_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
+    for result in results:
+        assert result.total[0] == result.total[1], grade.format_result(result)

@@ -43,6 +43,7 @@ import io
 import json
 import os
 import re
+import secrets
 import sys
 import tempfile
 import time
@@ -507,7 +508,32 @@ def _one_line(text, width=120) -> str:
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
-def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted):
+@contextlib.contextmanager
+def fresh_inputs(salt):
+    """Every ``np.random.default_rng(seed)`` of the course's cells draws from (seed, salt) instead.
+
+    The checks then ask for the same cases (same shapes, masks, dtypes, labels) on values no one
+    saw before grading, so a table of the published cases' outputs is worth nothing."""
+    import numpy as np
+
+    if salt is None:
+        yield
+        return
+    original = np.random.default_rng
+
+    def default_rng(seed=None, *args, **kwargs):
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            seed = [int(seed), salt]
+        return original(seed, *args, **kwargs)
+
+    np.random.default_rng = default_rng
+    try:
+        yield
+    finally:
+        np.random.default_rng = original
+
+
+def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted, salt=None):
     """Run every exercise not yet decided: answers in the sandbox, checks here."""
     check_sources = [c.source for c in pristine.cells if c.cell_type == "code" and "answer" not in _tags(c)]
     course_names = bound_names(check_sources)
@@ -515,25 +541,30 @@ def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted):
     namespace = {"__name__": "__course__"}
     run = Run(pristine, answers, limits, timeout, trusted)
     try:
-        for cell in pristine.cells:
-            if cell.cell_type != "code" or "answer" in _tags(cell):
-                continue
-            ex = by_check.get(cell.id)
-            if ex is None:  # the course's own setup and helpers
-                _run_course_cell(cell.source, namespace)
-                continue
-            if ex.name in decided:
-                if decided[ex.name][0] == "tampered":
-                    run.exec_answer(ex)  # later answers may build on it, as in the learner's kernel
-                continue
-            failed = run.exec_answer(ex)
-            if failed:
-                decided[ex.name] = failed
-                continue
-            decided[ex.name] = _check(run, cell.source, namespace, course_names, timeout)
+        with fresh_inputs(salt):
+            _run_cells(pristine, run, by_check, namespace, decided, course_names, timeout)
     finally:
         run.close()
     return decided
+
+
+def _run_cells(pristine, run, by_check, namespace, decided, course_names, timeout):
+    for cell in pristine.cells:
+        if cell.cell_type != "code" or "answer" in _tags(cell):
+            continue
+        ex = by_check.get(cell.id)
+        if ex is None:  # the course's own setup and helpers
+            _run_course_cell(cell.source, namespace)
+            continue
+        if ex.name in decided:
+            if decided[ex.name][0] == "tampered":
+                run.exec_answer(ex)  # later answers may build on it, as in the learner's kernel
+            continue
+        failed = run.exec_answer(ex)
+        if failed:
+            decided[ex.name] = failed
+            continue
+        decided[ex.name] = _check(run, cell.source, namespace, course_names, timeout)
 
 
 def _run_course_cell(source, namespace):
@@ -582,6 +613,7 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT
     trusted: bool = False
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
+    fresh_inputs: bool | int = False  # draw the checks' random inputs from a secret salt (or this one)
 
 
 def grade(path, course: Course, options: Options | None = None) -> Result:
@@ -616,7 +648,9 @@ def _grade(path, course, options):
         for owner, reason in find_tampering(matched, pristine, course).items():
             decided.setdefault(owner, ("tampered", reason))
         answers = {i: _text(matched[i].get("source")) for ex in exercises for i in ex.answer_ids if i in matched}
-        run_checks(pristine, answers, exercises, decided, options.limits, options.timeout, options.trusted)
+        fresh = options.fresh_inputs
+        salt = None if not fresh else fresh if type(fresh) is int else secrets.randbits(63)
+        run_checks(pristine, answers, exercises, decided, options.limits, options.timeout, options.trusted, salt)
     except Invalid as exc:
         decided = {ex.name: ("invalid", str(exc)) for ex in exercises}
     except sandbox.SandboxUnavailable as exc:
@@ -731,6 +765,10 @@ def main(argv=None) -> int:
                         help="address space each sandboxed process may use (default %(default)s GB)")
     parser.add_argument("--set", dest="exercise_set", metavar="NN_topic",
                         help="the exercise set, for files too broken to tell (default: the batch's)")
+    parser.add_argument("--fresh-inputs", action="store_true",
+                        help="draw the checks' random inputs from a secret salt, so that outputs copied for "
+                             "the notebook's own inputs are worth nothing (the cases stay the same; a learner's "
+                             "notebook then checked other values than the grader)")
     parser.add_argument("--trusted", action="store_true",
                         help="the submissions are trusted (your own work): where no sandbox is available, run "
                              "them in a plain subprocess instead of refusing")
@@ -749,7 +787,8 @@ def main(argv=None) -> int:
         parser.error(f"no exercise notebooks in {args.course_root / 'exercises'}; is --course-root right?")
     if args.exercise_set and args.exercise_set not in course.paths:
         parser.error(f"--set {args.exercise_set}: not one of {', '.join(course.paths)}")
-    options = Options(args.timeout, args.trusted, sandbox.Limits(memory_bytes=int(args.memory * 2**30)))
+    options = Options(args.timeout, args.trusted, sandbox.Limits(memory_bytes=int(args.memory * 2**30)),
+                      args.fresh_inputs)
     try:
         results = grade_all(args.submissions, course, options, args.jobs)
     except NoSandbox as exc:
