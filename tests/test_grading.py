@@ -703,3 +703,34 @@ def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
     results = grade.grade_all(REAL_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
     for result in results:
         assert result.total[0] == result.total[1], grade.format_result(result)
+
+
+def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_path):
+    """1.5's cases are a fixed list and a few seeded draws: a table of their outputs, recorded by
+    running the published check, passes as published and fails on fresh inputs."""
+    from course_lib import memory
+    exercise = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    table = {}
+
+    def recording(batch, heads, nq, nk, dtype):
+        table[(batch, heads, nq, nk, np.dtype(dtype).name)] = memory.score_bytes(batch, heads, nq, nk, dtype)
+        return table[(batch, heads, nq, nk, np.dtype(dtype).name)]
+
+    namespace = {"__name__": "__main__"}
+    for cell in exercise.cells:
+        if cell.cell_type == "code" and "answer" not in cell.metadata.get("tags", []):
+            if cell.id == "ex1-5-check":
+                namespace["score_bytes"] = recording
+                exec(cell.source, namespace)
+                break
+            if "check" not in cell.metadata.get("tags", []):
+                exec(cell.source, namespace)
+    answer = f"TABLE = {table!r}\ndef score_bytes(batch, heads, nq, nk, dtype):\n" \
+             "    return TABLE[(batch, heads, nq, nk, np.dtype(dtype).name)]"
+    nb = copy.deepcopy(exercise)
+    _set_answer(nb, "1.5", answer)
+    path = nf.write(nb, tmp_path / "table.ipynb")
+    course = grade.Course(nf.REPO)
+    same = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60)).rows}
+    fresh = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60, fresh_inputs=99)).rows}
+    assert same["1.5"] == "pass" and fresh["1.5"] == "error"  # a KeyError: the table has no such case
