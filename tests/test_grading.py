@@ -734,3 +734,13 @@ def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_pat
     same = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60)).rows}
     fresh = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60, fresh_inputs=99)).rows}
     assert same["1.5"] == "pass" and fresh["1.5"] == "error"  # a KeyError: the table has no such case
+
+
+def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
+    """Set 08's answers are numba kernels: cache=True needs the cell in a real file, prange a lock."""
+    cell = ("from numba import njit, prange\n\n@njit(parallel=True, cache=True)\ndef twice(x):\n"
+            "    out = np.empty_like(x)\n    for i in prange(x.shape[0]):\n        out[i] = 2 * x[i]\n    return out")
+    with sandbox.Session(sandbox.Limits()) as session:
+        session.exec(["import numpy as np"], timeout=60)
+        assert session.exec([cell], timeout=120) == {"twice": "callable", "njit": "callable", "prange": "callable"}
+        assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]

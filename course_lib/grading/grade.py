@@ -459,6 +459,7 @@ class Run:
             self.stop()
             raise Stop("error", _died(exc, "answer")) from None
         except wire.WireError as exc:
+            self.stop()  # the channel may be out of step: the next check gets a fresh sandbox
             raise Stop("error", f"{name}(...) returned {exc}") from None
 
     def inject(self, namespace, course_names, wanted):
@@ -474,6 +475,7 @@ class Run:
             except sandbox.AnswerRaised as exc:
                 raise Stop("error", f"{name} is {exc.error.get('message', '')}") from None
             except wire.WireError as exc:
+                self.stop()
                 raise Stop("error", f"{name} is {exc}") from None
             except sandbox.Timeout:
                 self.stop()

@@ -73,7 +73,7 @@ def bwrap() -> str | None:
 def _python_roots():
     roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
              Path(os.path.realpath(sys.executable)).parent.parent}
-    return sorted({r.resolve() for r in roots if r.exists()})
+    return sorted({r for r in roots if r.exists()} | {r.resolve() for r in roots if r.exists()})
 
 
 def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
@@ -111,6 +111,7 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
     argv.extend(["--dir", "/grader", "--ro-bind", str(HERE / "worker.py"), "/grader/worker.py",
                  "--ro-bind", str(HERE / "wire.py"), "/grader/wire.py",
                  "--perms", "01777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+                 "--perms", "01777", "--size", str(8 * 2**20), "--tmpfs", "/dev/shm",  # numba's parallel lock
                  "--remount-ro", "/", "--chdir", "/tmp"])
     env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",

@@ -19,7 +19,9 @@ it beyond the data it decodes; this file only makes honest answers work.
 """
 import builtins
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 
 try:
@@ -28,7 +30,7 @@ except ImportError:  # run as a script in the sandbox: wire.py lies beside it, n
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import wire
 
-IN = OUT = None  # the channel, opened by serve()
+IN = OUT = CELLS = None  # the channel and a folder for the cells, made by serve()
 NAMESPACE = {"__name__": "__main__", "__builtins__": builtins}
 _seq = [0]
 
@@ -51,7 +53,7 @@ def _send(header, buffers=()):
 def _error(exc):
     types = [t.__name__ for t in type(exc).__mro__ if getattr(builtins, t.__name__, None) is t]
     frames = traceback.extract_tb(exc.__traceback__)
-    where = next((f"line {f.lineno}" for f in reversed(frames) if f.filename.startswith("<answer")), "")
+    where = next((f"line {f.lineno}" for f in reversed(frames) if CELLS and f.filename.startswith(CELLS)), "")
     return {"types": types[:8], "name": type(exc).__name__[:100], "message": str(exc)[:2000], "where": where}
 
 
@@ -104,7 +106,12 @@ def _kind(value):
 def _exec(request):
     before = {name: id(value) for name, value in NAMESPACE.items()}
     for index, source in enumerate(request.get("cells", [])):
-        code = compile(plain_python(source), f"<answer {request.get('label', '')} {index}>", "exec")
+        # a real file, as a kernel has, so that numba's cache=True and tracebacks find the source
+        label = "".join(ch if ch.isalnum() else "_" for ch in str(request.get("label", "")))[:40]
+        path = os.path.join(CELLS, f"answer_{label}_{index}_{len(os.listdir(CELLS))}.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(plain_python(source))
+        code = compile(plain_python(source), path, "exec")
         exec(code, NAMESPACE)
     names = {name: _kind(value) for name, value in NAMESPACE.items()
              if not (name.startswith("__") and name.endswith("__")) and type(value) is not type(os)
@@ -113,9 +120,17 @@ def _exec(request):
 
 
 def serve():
-    global IN, OUT
+    global IN, OUT, CELLS
     IN = os.fdopen(int(sys.argv[1]), "rb", buffering=0)
     OUT = os.fdopen(int(sys.argv[2]), "wb", buffering=0)
+    CELLS = tempfile.mkdtemp(prefix="answers-")
+    try:
+        _serve()
+    finally:
+        shutil.rmtree(CELLS, ignore_errors=True)
+
+
+def _serve():
     while True:
         try:
             request, buffers = wire.unpack(IN)
