@@ -73,3 +73,26 @@ def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports():
     assert grade.sandbox_setup(plain) == ["import math\nimport numpy as np"]
     tagged = new_notebook(cells=[new_code_cell("import numpy as np", id="s", metadata={"tags": ["setup"]})] + plain.cells)
     assert grade.sandbox_setup(tagged) == ["import numpy as np"]
+
+
+def _cells(*sources):
+    tags = {"check": ["check"], "answer": ["answer"]}
+    cells = []
+    for i, source in enumerate(sources):
+        kind, _, code = source.partition(":") if source.split(":")[0] in tags else ("", "", source)
+        cells.append(new_code_cell(code, id=f"c{i}", metadata={"tags": tags.get(kind, []),
+                                                               "course": {"exercise": "1.1", "points": 1}}))
+    return new_notebook(cells=cells)
+
+
+def test_the_grader_skips_only_course_cells_no_check_depends_on():
+    nb = _cells(
+        "import numpy as np\nrng = np.random.default_rng(0)\ncases = []\ndef helper(x):\n    return x",  # c0
+        "demo = np.random.default_rng(1).standard_normal(3)\nprint(helper(demo))",                   # c1: a demo
+        "noise = rng.standard_normal(3)",                  # c2: draws from the checks' generator
+        "cases.append(1)",                                 # c3: changes what a check reads
+        "limit = 2",                                       # c4: binds what a check reads
+        "unused = [x for x in range(3)]\n(y := unused)",   # c5: nothing reads it
+        "answer:def f(x):\n    return x",
+        "check:assert f(rng.standard_normal(1)).shape == (1,) and cases and limit")
+    assert grade.needed_cells(nb) == {"c0", "c2", "c3", "c4", "c7"}

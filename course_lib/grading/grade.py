@@ -551,12 +551,14 @@ def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted, 
 
 
 def _run_cells(pristine, run, by_check, namespace, decided, course_names, timeout):
+    needed = needed_cells(pristine)
     for cell in pristine.cells:
         if cell.cell_type != "code" or "answer" in _tags(cell):
             continue
         ex = by_check.get(cell.id)
         if ex is None:  # the course's own setup and helpers
-            _run_course_cell(cell.source, namespace)
+            if cell.id in needed:
+                _run_course_cell(cell.source, namespace)
             continue
         if ex.name in decided:
             if decided[ex.name][0] == "tampered":
@@ -575,6 +577,111 @@ def _run_course_cell(source, namespace):
             exec(compile(_python(source), "<course cell>", "exec"), namespace)
         except Exception:
             pass  # a course cell that needs the learner's code: the checks will say what is missing
+
+
+class _Flow(ast.NodeVisitor):
+    """The names a cell reads before it binds them (``free``), and those it binds, in the order
+    Python evaluates them; a function body's reads count where it is defined."""
+
+    def __init__(self):
+        self.bound, self.free, self.imported, self.defined = set(), set(), set(), set()
+
+    def read(self, name):
+        if name not in self.bound:
+            self.free.add(name)
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load):
+            self.read(node.id)
+        else:
+            self.bound.add(node.id)
+
+    def visit_Assign(self, node):
+        self.visit(node.value)
+        for target in node.targets:
+            self.visit(target)
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self.visit(node.value)
+        self.visit(node.target)
+
+    def visit_NamedExpr(self, node):
+        self.visit(node.value)
+        self.visit(node.target)
+
+    def visit_AugAssign(self, node):
+        self.visit(node.value)
+        if isinstance(node.target, ast.Name):
+            self.read(node.target.id)
+        self.visit(node.target)
+
+    def visit_For(self, node):
+        self.visit(node.iter)
+        self.visit(node.target)
+        for child in node.body + node.orelse:
+            self.visit(child)
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            name = (alias.asname or alias.name).split(".")[0]
+            self.bound.add(name)
+            self.imported.add(name)
+
+    visit_ImportFrom = visit_Import
+
+    def _scope(self, node, name=None):
+        for child in getattr(node, "decorator_list", []) + list(getattr(getattr(node, "args", None), "defaults", []) or []):
+            self.visit(child)
+        inner = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        if hasattr(node, "args"):
+            inner |= {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in inner:
+                self.read(n.id)
+        if name:
+            self.bound.add(name)
+            self.defined.add(name)
+
+    def visit_FunctionDef(self, node):
+        self._scope(node, node.name)
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        self._scope(node)
+
+    def visit_ListComp(self, node):
+        self._scope(node)
+
+    visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
+
+
+def _flow(source):
+    flow = _Flow()
+    try:
+        flow.visit(ast.parse(_python(source)))
+    except SyntaxError:
+        flow.free.add("*")  # unreadable: treat it as needed
+    return flow
+
+
+def needed_cells(pristine) -> set:
+    """Ids of the course cells the checks depend on: every check cell, and (walking back) each
+    cell that binds a name a later needed cell reads, or reads shared state one does (a random
+    generator: skipping its draws would change the checks' inputs).  Demonstrations and timings
+    that nothing later reads are skipped."""
+    cells = [c for c in pristine.cells if c.cell_type == "code" and "answer" not in _tags(c)]
+    flows = {c.id: _flow(c.source) for c in cells}
+    # shared state: values assigned by course cells (a generator, arrays), not modules or functions
+    state = set().union(*(f.bound - f.imported - f.defined for f in flows.values())) if flows else set()
+    needed, wanted = set(), set()
+    for cell in reversed(cells):
+        flow = flows[cell.id]
+        if "check" in _tags(cell) or "*" in flow.free or flow.bound & wanted or flow.free & wanted & state:
+            needed.add(cell.id)
+            wanted |= flow.free
+    return needed
 
 
 def _check(run, source, namespace, course_names, timeout):

@@ -115,7 +115,7 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
                  "--remount-ro", "/", "--chdir", "/tmp"])
     env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
-           "NUMBA_CACHE_DIR": "/tmp/numba", "MPLCONFIGDIR": "/tmp/mpl", "MPLBACKEND": "Agg"}
+           "NUMBA_CACHE_DIR": "/tmp/numba", "NUMBA_OPT": "0", "MPLCONFIGDIR": "/tmp/mpl", "MPLBACKEND": "Agg"}
     for key, value in env.items():
         argv.extend(["--setenv", key, value])
     if not userns:
