@@ -872,6 +872,9 @@ def main(argv=None) -> int:
                         help="grade N submissions at a time, each in its own sandbox (default 1)")
     parser.add_argument("--memory", type=float, default=4, metavar="GB",
                         help="address space each sandboxed process may use (default %(default)s GB)")
+    parser.add_argument("--processes", type=int, default=sandbox.Limits.processes, metavar="N",
+                        help="processes and threads the sandbox may run (default %(default)s; the CUDA "
+                             "simulator runs a thread per CUDA thread: raise it for set 09)")
     parser.add_argument("--set", dest="exercise_set", metavar="NN_topic",
                         help="the exercise set, for files too broken to tell (default: the batch's)")
     parser.add_argument("--fresh-inputs", action="store_true",
@@ -891,13 +894,15 @@ def main(argv=None) -> int:
         parser.error("--jobs must be at least 1")
     if args.memory <= 0:
         parser.error("--memory must be a positive number of GB")
+    if args.processes < 8:
+        parser.error("--processes must be at least 8")
     course = Course(args.course_root)
     if not course.paths:
         parser.error(f"no exercise notebooks in {args.course_root / 'exercises'}; is --course-root right?")
     if args.exercise_set and args.exercise_set not in course.paths:
         parser.error(f"--set {args.exercise_set}: not one of {', '.join(course.paths)}")
-    options = Options(args.timeout, args.trusted, sandbox.Limits(memory_bytes=int(args.memory * 2**30)),
-                      args.fresh_inputs)
+    options = Options(args.timeout, args.trusted, sandbox.Limits(memory_bytes=int(args.memory * 2**30),
+                                                                 processes=args.processes), args.fresh_inputs)
     try:
         results = grade_all(args.submissions, course, options, args.jobs)
     except NoSandbox as exc:
