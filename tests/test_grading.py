@@ -116,7 +116,7 @@ def attacks(course: Path, victim_pid: int) -> dict:
                              "    if pid == 0:\n        time.sleep(600)\n        os._exit(0)\n    kids += 1"},
         "memory_bomb": {"1.1": "hog = np.ones(10**10)\ndef scores(q, k):\n    return q @ k.T"},
         "output_flood": {"1.1": "import sys\nwhile True:\n    sys.stdout.write('x' * 10**6)"},
-        "huge_return": {"1.1": "def scores(q, k):\n    return np.zeros(10**8)"},
+        "huge_return": {"1.1": "def scores(q, k):\n    return np.zeros(5 * 10**7)"},  # 400 MB: over the 256 MiB message limit, well under memory
         "swallow_everything": {"1.1": "def scores(q, k):\n    while True:\n        try:\n            time.sleep(1)\n"
                                       "        except BaseException:\n            pass\nimport time"},
     }

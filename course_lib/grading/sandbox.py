@@ -80,8 +80,12 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
     import course_lib  # only to hide it where it is installed
 
     argv = [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--clearenv", "--proc", "/proc", "--dev", "/dev"]
-    made = {Path("/")}
+            "--die-with-parent", "--new-session", "--clearenv", "--proc", "/proc", "--dev", "/dev",
+            # the private /tmp first: a Python or .venv that lives under /tmp (a checkout there) is
+            # bound on top of it below, instead of being hidden by it
+            "--perms", "01777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+            "--perms", "01777", "--size", str(8 * 2**20), "--tmpfs", "/dev/shm"]  # numba's parallel lock
+    made = {Path("/"), Path("/tmp")}
 
     def parents(path: Path):
         for parent in reversed(path.parents):
@@ -110,8 +114,6 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
         argv.extend(["--tmpfs", str(package)])  # installed, not editable: hide it
     argv.extend(["--dir", "/grader", "--ro-bind", str(HERE / "worker.py"), "/grader/worker.py",
                  "--ro-bind", str(HERE / "wire.py"), "/grader/wire.py",
-                 "--perms", "01777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-                 "--perms", "01777", "--size", str(8 * 2**20), "--tmpfs", "/dev/shm",  # numba's parallel lock
                  "--remount-ro", "/", "--chdir", "/tmp"])
     env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
