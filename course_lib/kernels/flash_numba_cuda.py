@@ -38,6 +38,7 @@ problems (``SIM_MAX_WORK``) and say so when given a larger one.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,8 +51,11 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unav
 from .. import rules
 from . import launch as host
 
-DEFAULT_BLOCK_Q = 64          # Br: threads per block, one per query row
-DEFAULT_BLOCK_K = 32          # Bc: keys per shared-memory tile
+# Br: threads per block, one per query row; Bc: keys per shared-memory tile.
+# Chosen from a sweep on the H200 (records/gpu_attention.jsonl, "gpu_attention_blocks").
+DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_K = 64
+SIM_BLOCK_Q = 32              # Br in the simulators, where every idle thread costs a Python thread
 MAX_THREADS = 1024            # per block, on every CUDA GPU
 SHARED_BYTES = 48 * 1024      # static shared memory a block may use
 # The simulators run one Python thread per CUDA thread: B * H * Nq * Nk * (D + Dv)
@@ -191,46 +195,66 @@ def _check_launch(q, v, Br, Bc):
 
 
 def default_block_k(D: int, Dv: int) -> int:
-    """Bc: 32 keys per tile, fewer when Kj and Vj of 32 keys would not fit in shared memory."""
+    """Bc: 64 keys per tile, halved until Kj and Vj fit in shared memory (32 at D = 128, 16 at 256)."""
     Bc = DEFAULT_BLOCK_K
     while Bc > 1 and Bc * (D + Dv) * 4 > SHARED_BYTES:
         Bc //= 2
     return Bc
 
 
-def flash_forward(q, k, v, opts, mask):
-    """The CUDA forward for validated dense inputs: (out, lse), both float32."""
+@dataclass(frozen=True)
+class Plan:
+    """One launch, decided on the host: ``kernel[griddim, blockdim](q, k, v, *args, out, lse)``."""
+
+    kernel: object
+    griddim: tuple           # (Tr, B * H): a block per (query tile, batch x head)
+    blockdim: int            # Br threads, one per query row
+    args: tuple              # tiles, kv_head, scale, softcap, alibi, slopes, offset, left, right
+    out_shape: tuple         # (B, H, Nq, Dv)
+    launch: host.Launch
+
+
+def plan(q, k, v, opts, mask) -> Plan:
+    """The kernel and its launch for validated dense float32 inputs (arrays only give shapes here)."""
     if q.dtype != np.float32:
         raise TypeError(f"flash_numba_cuda computes in float32 only; q, k and v are {q.dtype}: "
                         f"convert them with .astype(np.float32), or use impl='flash_numba_cpu'")
     B, H, Nq, D = q.shape
-    Nk, Dv = k.shape[2], v.shape[3]
-    launch, qa, ka, va = host.prepare(q, k, v, opts, mask, DEFAULT_BLOCK_Q,
-                                      opts.block_k or default_block_k(D, Dv))
+    Dv = v.shape[3]
+    Br = DEFAULT_BLOCK_Q if on_gpu() else SIM_BLOCK_Q
+    launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, Br,
+                          opts.block_k or default_block_k(D, Dv))[0]
     _check_launch(q, v, launch.Br, launch.Bc)
+    args = (launch.tiles, launch.kv_head, np.float32(launch.softmax_scale), np.float32(launch.softcap),
+            launch.alibi, launch.slopes.astype(np.float32), launch.offset, launch.left, launch.right)
+    return Plan(make_kernel(launch.Bc, D, Dv), (launch.tiles.shape[0], B * H), launch.Br, args,
+                (B, H, Nq, Dv), launch)
+
+
+def flash_forward(q, k, v, opts, mask):
+    """The CUDA forward for validated dense inputs: (out, lse), both float32."""
+    p = plan(q, k, v, opts, mask)
+    B, H, Nq, D = q.shape
+    Nk, Dv = k.shape[2], v.shape[3]
     runner = where()
     if runner != "gpu" and B * H * Nq * Nk * (D + Dv) > SIM_MAX_WORK:
         raise ValueError(f"flash_numba_cuda runs in the {runner} here (no GPU), which takes only small "
                          f"problems: B*H*Nq*Nk*(D+Dv) = {B * H * Nq * Nk * (D + Dv)} is above "
                          f"{SIM_MAX_WORK}; shrink the shapes (q {q.shape}, k {k.shape}) or run on a GPU")
-    kernel = make_kernel(launch.Bc, D, Dv)
-    griddim, blockdim = (launch.tiles.shape[0], B * H), launch.Br
-    out = np.zeros((B, H, Nq, Dv), dtype=np.float32)
-    lse = np.zeros((B, H, Nq), dtype=np.float32)
-    args = (qa, ka, va, launch.tiles, launch.kv_head, np.float32(launch.softmax_scale),
-            np.float32(launch.softcap), launch.alibi, launch.slopes.astype(np.float32),
-            launch.offset, launch.left, launch.right)
+    qa, ka, va = (np.ascontiguousarray(x) for x in (q, k, v))
+    out = np.zeros(p.out_shape, dtype=np.float32)
+    lse = np.zeros(p.out_shape[:3], dtype=np.float32)
     if runner == "cudacheck":
         from .. import cudacheck
-        report = cudacheck.check(kernel, griddim, blockdim, *args, out, lse)
+        report = cudacheck.check(p.kernel, p.griddim, p.blockdim, qa, ka, va, *p.args, out, lse)
         if not report.ok:
             raise RuntimeError(f"flash_numba_cuda's kernel failed its check:\n{report}")
     elif runner == "numba simulator":
-        kernel[griddim, blockdim](*args, out, lse)
+        p.kernel[p.griddim, p.blockdim](qa, ka, va, *p.args, out, lse)
     else:
-        device_args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+        device_args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in (qa, ka, va, *p.args)]
         d_out, d_lse = cuda.device_array_like(out), cuda.device_array_like(lse)
-        kernel[griddim, blockdim](*device_args, d_out, d_lse)
+        p.kernel[p.griddim, p.blockdim](*device_args, d_out, d_lse)
         out, lse = d_out.copy_to_host(), d_lse.copy_to_host()
     return out, lse
 
