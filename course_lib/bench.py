@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import envreport
-from .iomodel import attention_flops  # the one FLOP convention speeds are quoted in
+from .iomodel import attention_flops  # the one FLOP convention speeds are quoted in: visible pairs
 
 
 def time_it(fn, *args, repeats=5, warmup=1, **kwargs) -> float:
@@ -89,12 +89,14 @@ def attention_bytes(batch, heads, heads_k, seqlen_q, seqlen_k, head_dim, head_di
     return int(elements * itemsize + batch * heads * seqlen_q * 4)
 
 
-def record(*, benchmark, impl, shape, dtype, time_s, causal=False, mask=None, block_q=None,
-           block_k=None, heads_k=None, head_dim_v=None, bytes_moved=None, run=None, env=None,
-           **extra) -> dict:
+def record(*, benchmark, impl, shape, dtype, time_s, causal=False, causal_align="bottom_right",
+           window_size=(-1, -1), mask=None, block_q=None, block_k=None, heads_k=None, head_dim_v=None,
+           bytes_moved=None, run=None, env=None, **extra) -> dict:
     """One regression record, as a JSON-ready dict.
 
     ``shape`` is (B, H, Nq, Nk, D); ``heads_k`` / ``head_dim_v`` default to H / D.
+    FLOPs count the (query, key) pairs the mask lets through (``causal``,
+    ``causal_align``, ``window_size``): ``iomodel.attention_flops``.
     ``mask`` describes the mask in words ("causal", "window (8, 0)", ...;
     default "causal" or "none").  ``bytes_moved`` is what the kernel moved
     (its own count, when it keeps one); without it the compulsory traffic of
@@ -107,7 +109,8 @@ def record(*, benchmark, impl, shape, dtype, time_s, causal=False, mask=None, bl
     heads_k = H if heads_k is None else int(heads_k)
     head_dim_v = D if head_dim_v is None else int(head_dim_v)
     dtype = np.dtype(dtype)
-    flops = attention_flops(B, H, Nq, Nk, D, causal=causal)
+    flops = attention_flops(B, H, Nq, Nk, D, causal=causal, causal_align=causal_align,
+                            window_size=tuple(window_size), head_dim_v=head_dim_v)
     if bytes_moved is None:
         bytes_moved, source = attention_bytes(B, H, heads_k, Nq, Nk, D, head_dim_v, itemsize=dtype.itemsize), "compulsory"
     else:

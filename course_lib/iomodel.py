@@ -1,10 +1,16 @@
-"""How many bytes attention moves between HBM and the chip: the model, and a count.
+"""How many bytes attention moves, level by level: the model.
 
-Two levels of memory: HBM (large, slow, off chip) and SRAM (small, fast, on
-chip).  A kernel's time is bounded below by the bytes it moves between them
-(``roofline``), so the course counts them exactly, for four schedules:
+A GPU has three levels of memory that matter here:
 
-``naive``   S = scale Q K^T is written to HBM; the softmax reads S in
+    registers / shared memory   on chip, per SM: the tiles live here
+    L2                          on chip, shared by every SM (50 MB on an H100 or H200)
+    HBM                         off chip, large and slow
+
+``attention_io`` is the FlashAttention paper's two-level count: the bytes a
+schedule moves between the chip's registers / shared memory and the memory
+below them, which is L2 and HBM *together*.  It is exact for four schedules:
+
+``naive``   S = scale Q K^T is written out; the softmax reads S in
             ``softmax_passes`` passes and writes P; O = P V reads P.
               passes=1  read S, write P          (a fused softmax: the FlashAttention paper's Algorithm 0)
               passes=2  read S, write m and l;   read S, m, l, write P
@@ -16,26 +22,32 @@ chip).  A kernel's time is bounded below by the bytes it moves between them
             K_j and V_j read once per query tile, m and l stay on chip, O_i
             written once.
 ``fa1``     FlashAttention-1's loop order (the paper's Algorithm 1), key tiles
-            outside: O, m and l start in HBM (written once to 0, -inf, 0);
-            K_j and V_j are read once; for every (j, i) step Q_i, O_i, m_i,
-            l_i are read and O_i, m_i, l_i written back.
+            outside: O, m and l start in memory (written once to 0, -inf, 0,
+            O in the accumulator's dtype); K_j and V_j are read once; for every
+            (j, i) step Q_i, O_i, m_i, l_i are read and O_i, m_i, l_i written
+            back; at float16 / bfloat16 a last pass reads O and writes it in
+            the input dtype.
 
 What is counted, in bytes, per tensor: element reads and writes of Q, K, V,
-O, S, P at the input dtype's size, and of m, l, lse at the accumulator's
-(float32; float64 for float64 inputs).  ``return_lse`` adds the lse write
-(fa1: a last pass reads m and l and writes lse).  FLOPs are those of the
+O, S, P at the input dtype's size, and of m, l, lse (and FA1's O scratch) at
+the accumulator's (float32; float64 for float64 inputs).  ``return_lse`` adds
+the lse write (fa1: its last pass reads m and l).  FLOPs are those of the
 matrix products executed (2 per multiply-add: QK^T and PV, QK^T twice for
 ``two_pass``); ``exps`` counts exponentials of score elements (the O(Br)
-rescaling exponentials are left out).  With a mask and
-``skip_empty_tiles`` the tiled schedules skip tiles no query in them can see
-(``masks.MaskSpec.tile_kind``); naive always computes all of S.  Batch and
-heads multiply everything; with GQA every query head reads its K/V head.
+rescaling exponentials are left out).  With a mask and ``skip_empty_tiles``
+the tiled schedules skip tiles no query in them can see; naive always computes
+all of S.  Batch and heads multiply everything; with GQA every query head
+reads its K/V head.  ``course_lib.counted`` runs the same schedules on a
+counted memory, and the tests hold the two equal byte for byte.
 
-``run_counted`` runs the same four schedules for real, in numpy, with every
-HBM access going through ``HBM.load`` / ``HBM.store`` (which count bytes) and
-every on-chip buffer registered with ``SRAM`` (which tracks the peak).  The
-tests hold ``attention_io(...) == run_counted(...).traffic`` on a grid of
-shapes, tails included, and the output equal to the reference.
+What reaches HBM is less: the thread blocks of one head run at the same time
+and read the same K / V tiles, so after the first block has brought a tile
+into L2 the others find it there.  ``levels`` adds that third level: while the
+K and V of the heads in flight fit in L2, HBM carries only the compulsory
+traffic (Q, K, V read once, O and lse written once); when they do not (long
+sequences, many heads in flight, a small L2) the re-reads go to HBM again.
+The ncu counters of an H200 (``MEASURED_NCU``) put PyTorch's FA2 kernel
+close to both predictions.
 """
 from __future__ import annotations
 
@@ -45,9 +57,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import api, roofline, sram
-from .masks import EMPTY, FULL, MaskSpec, tile_ranges
-from .reference import safe_max
+from . import roofline, sram
+from .kernels.flash_numpy import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from .masks import MaskSpec
+from .roofline import Bound, time_bound  # noqa: F401  (the roofline bound lives in roofline; old name kept)
 
 SCHEDULES = ("naive", "two_pass", "fa1", "fa2")
 
@@ -56,13 +69,13 @@ SCHEDULES = ("naive", "two_pass", "fa1", "fa2")
 
 @dataclass(frozen=True)
 class Traffic:
-    """FLOPs, exponentials and HBM bytes of one attention call, per tensor."""
+    """FLOPs, exponentials and bytes of one attention call, per tensor, between the chip and L2 + HBM."""
 
     schedule: str
     flops: int
     exps: int
-    reads: dict  # tensor name -> bytes read from HBM
-    writes: dict  # tensor name -> bytes written to HBM
+    reads: dict  # tensor name -> bytes read into the chip (from L2 or HBM)
+    writes: dict  # tensor name -> bytes written out of the chip
 
     @property
     def read_bytes(self) -> int:
@@ -74,18 +87,18 @@ class Traffic:
 
     @property
     def bytes(self) -> int:
-        """All HBM traffic, reads plus writes."""
+        """All traffic below the chip (the two-level count), reads plus writes."""
         return self.read_bytes + self.write_bytes
 
     @property
     def intensity(self) -> float:
-        """Arithmetic intensity, FLOP per byte of HBM traffic."""
+        """Arithmetic intensity, FLOP per byte of the two-level count."""
         return self.flops / self.bytes if self.bytes else math.inf
 
     def table(self) -> str:
         """Per-tensor reads and writes as fixed-width text."""
         names = sorted(set(self.reads) | set(self.writes), key=_TENSOR_ORDER.index)
-        lines = [f"{self.schedule}: {self.flops:,} FLOP, {self.bytes:,} B of HBM traffic, "
+        lines = [f"{self.schedule}: {self.flops:,} FLOP, {self.bytes:,} B between chip and L2 + HBM, "
                  f"intensity {self.intensity:.4g} FLOP/B",
                  f"  {'tensor':<7}{'read B':>16}{'written B':>16}"]
         for n in names:
@@ -100,6 +113,11 @@ def _traffic(schedule, flops, exps, reads, writes) -> Traffic:
     """A Traffic with zero entries dropped, so a model and a count compare equal."""
     clean = lambda d: {k: int(v) for k, v in d.items() if v}  # noqa: E731
     return Traffic(schedule, int(flops), int(exps), clean(reads), clean(writes))
+
+
+def traffic_of(schedule: str, stats) -> Traffic:
+    """The Traffic a kernel counted while it ran (a ``flash_numpy.TileStats``)."""
+    return _traffic(schedule, stats.flops, stats.exps, stats.reads, stats.writes)
 
 
 def _key_tile_ranges(mask: MaskSpec, block_q: int, block_k: int, skip: bool):
@@ -134,7 +152,8 @@ def _positive(**sizes):
 
 
 def attention_io(schedule: str, seqlen_q: int, seqlen_k: int | None = None, head_dim: int = 64,
-                 dtype="float16", *, head_dim_v: int | None = None, block_q: int = 64, block_k: int = 64,
+                 dtype="float16", *, head_dim_v: int | None = None, block_q: int = DEFAULT_BLOCK_Q,
+                 block_k: int = DEFAULT_BLOCK_K,
                  batch: int = 1, heads: int = 1, causal: bool = False, causal_align: str = "bottom_right",
                  window_size=(-1, -1), skip_empty_tiles: bool = True, softmax_passes: int = 1,
                  return_lse: bool = False) -> Traffic:
@@ -187,9 +206,13 @@ def attention_io(schedule: str, seqlen_q: int, seqlen_k: int | None = None, head
             tile_keys = np.minimum(np.arange(1, tc + 1) * block_k, nk) - np.arange(tc) * block_k
             kv_keys = int(tile_keys[used].sum())  # each key tile read once, if anyone sees it
             step_rows = int(rows @ n_tiles)  # query rows touched, summed over steps
-            reads.update(K=kv_keys * d * b, V=kv_keys * dv * b, Q=step_rows * d * b, O=step_rows * dv * b,
+            # the O scratch is kept in the accumulator's dtype (s bytes an element)
+            reads.update(K=kv_keys * d * b, V=kv_keys * dv * b, Q=step_rows * d * b, O=step_rows * dv * s,
                          m=step_rows * s, l=step_rows * s)
-            writes.update(O=(nq + step_rows) * dv * b, m=(nq + step_rows) * s, l=(nq + step_rows) * s)
+            writes.update(O=(nq + step_rows) * dv * s, m=(nq + step_rows) * s, l=(nq + step_rows) * s)
+            if b != s:  # low precision: a last pass reads the scratch and writes O in the input dtype
+                reads.update(O=nq * dv * s)
+                writes.update(O=nq * dv * b)
             if return_lse:
                 reads.update(m=nq * s, l=nq * s)
                 writes.update(lse=nq * s)
@@ -211,49 +234,33 @@ def flash_io(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", *, order="fa
     return attention_io(order, seqlen_q, seqlen_k, head_dim, dtype, **options)
 
 
-def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal=False) -> float:
-    """The FLOP count speeds are quoted in: 4 B H Nq Nk D, halved for causal.
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False, causal_align: str = "bottom_right",
+                  window_size=(-1, -1)) -> int:
+    """How many (query, key) pairs the mask lets through: the work attention must do (``MaskSpec.key_bounds``)."""
+    mask = MaskSpec(int(seqlen_q), int(seqlen_k), bool(causal), causal_align, tuple(window_size))
+    lo, hi = mask.key_bounds(np.arange(mask.seqlen_q))
+    return int(np.maximum(np.minimum(hi, mask.seqlen_k - 1) - np.maximum(lo, 0) + 1, 0).sum())
+
+
+def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal=False, *, causal_align="bottom_right",
+                    window_size=(-1, -1), head_dim_v=None) -> float:
+    """The FLOP count speeds are quoted in: 2 (D + Dv) per visible (query, key) pair, per batch and head.
 
     Two matmuls, 2 FLOPs a multiply-add: the convention of the FlashAttention
-    papers and Triton's tutorial.  Halving for causal credits a kernel that
-    skips the masked half only with the work the mask leaves.
+    papers and Triton's tutorial, 4 B H Nq Nk D without a mask.  A mask counts
+    only the pairs it lets through, so a kernel that skips masked tiles is
+    credited with the work the mask leaves: about half for causal at Nq = Nk
+    (N (N + 1) / 2 pairs), and every key for decode (Nq = 1, bottom-right).
     """
-    flops = 4 * batch * heads * seqlen_q * seqlen_k * head_dim
-    return flops / 2 if causal else float(flops)
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    pairs = visible_pairs(seqlen_q, seqlen_k, causal, causal_align, window_size)
+    return float(2 * batch * heads * pairs * (head_dim + head_dim_v))
 
 
 def matmul_io(m: int, n: int, k: int, dtype="float32") -> Traffic:
     """C (m x n) = A (m x k) B (k x n), each matrix moved once: 2mnk FLOPs, (mk + kn + mn) elements."""
     b = sram.itemsize(dtype)
     return _traffic("matmul", 2 * m * n * k, 0, {"A": m * k * b, "B": k * n * b}, {"C": m * n * b})
-
-
-# -- the roofline bound -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Bound:
-    """The least time a schedule can take on a machine, and what sets it."""
-
-    compute_s: float
-    memory_s: float
-    exp_s: float  # 0 when the machine has no exp figure
-    seconds: float
-    limiter: str  # "compute", "memory" or "exp"
-    flops_per_s: float  # the attainable speed: FLOPs / seconds
-
-
-def time_bound(traffic: Traffic, hw, dtype="float16", *, source: str = "datasheet",
-               include_exp: bool = True) -> Bound:
-    """max(FLOPs / peak, bytes / bandwidth, exps / exp rate): no kernel can beat it."""
-    hw = roofline.hardware(hw) if not isinstance(hw, roofline.Measurement) else hw.as_hardware()
-    name = hw.rate_dtype(dtype)
-    terms = {"compute": traffic.flops / hw.peak(name, source),
-             "memory": traffic.bytes / hw.memory_bandwidth(source),
-             "exp": traffic.exps / float(hw.exp_per_s) if include_exp and hw.exp_per_s is not None else 0.0}
-    limiter = max(terms, key=terms.get)
-    seconds = terms[limiter]
-    return Bound(terms["compute"], terms["memory"], terms["exp"], seconds, limiter,
-                 traffic.flops / seconds if seconds else math.inf)
 
 
 # -- the IO law: IO ~ c N^2 D^2 / M ----------------------------------------------------
@@ -296,281 +303,125 @@ def fit_io_law(points) -> LawFit:
     return LawFit(c, tuple(float(x) for x in coef[1:]), err, list(points))
 
 
-# -- the count: a tiled kernel that moves its data through counted memories -------------
-
-class HBM:
-    """Off-chip memory: named arrays whose every load and store is counted in bytes."""
-
-    def __init__(self):
-        self.arrays = {}
-        self.reads, self.writes = Counter(), Counter()
-
-    def place(self, name, array):
-        """Put an input (or an output buffer) in HBM; placing is free, it is already there."""
-        self.arrays[name] = array
-        return array
-
-    def load(self, name, index):
-        """Copy ``arrays[name][index]`` to the chip, counting its bytes."""
-        tile = np.array(self.arrays[name][index])
-        self.reads[name] += tile.nbytes
-        return tile
-
-    def store(self, name, index, value):
-        """Write ``value`` to ``arrays[name][index]`` in that array's dtype, counting its bytes."""
-        target = self.arrays[name]
-        stored = np.asarray(value).astype(target.dtype)
-        target[index] = stored
-        self.writes[name] += np.broadcast_to(stored, target[index].shape).nbytes
 
 
-class SRAM:
-    """On-chip memory: which named buffers are live, how many bytes, and the peak."""
+def flash_intensity_for_budget(sram_bytes: int, head_dim: int, dtype="float16") -> float:
+    """FA2's intensity at large N when square tiles fill ``sram_bytes``: about M / (2 D b^2) FLOP per byte.
 
-    def __init__(self, capacity: int | None = None):
-        self.capacity = capacity
-        self.live = {}
-        self.peak = 0
-        self.peak_buffers = {}
-
-    def hold(self, name, array):
-        """Register ``array`` as the on-chip buffer ``name`` (replacing one of that name)."""
-        self.live[name] = array.nbytes
-        used = sum(self.live.values())
-        if self.capacity is not None and used > self.capacity:
-            raise MemoryError(f"SRAM overflow: {used:,} B live > {self.capacity:,} B ({self.live})")
-        if used > self.peak:
-            self.peak, self.peak_buffers = used, dict(self.live)
-        return array
-
-    def free(self, *names):
-        for name in names:
-            self.live.pop(name, None)
-
-
-@dataclass
-class Counted:
-    """What ``run_counted`` computed and what it moved."""
-
-    out: np.ndarray
-    lse: np.ndarray | None
-    traffic: Traffic
-    sram_peak: int  # bytes
-    sram_peak_buffers: dict  # buffer name -> bytes, at the peak
-
-
-class _Kernel:
-    """The four schedules, run on counted memories.  Names follow the paper (Qi, Kj, Vj, m, l)."""
-
-    def __init__(self, hbm, chip, opts, mask, dtype, head_dim_v, skip, return_lse, softmax_passes):
-        self.hbm, self.chip, self.opts, self.mask, self.dv = hbm, chip, opts, mask, head_dim_v
-        self.dtype = np.dtype(dtype)
-        self.acc = np.float64 if self.dtype == np.float64 else np.float32
-        self.low = self.dtype.itemsize < 4
-        self.skip, self.return_lse, self.passes = skip, return_lse, softmax_passes
-        self.flops = self.exps = 0
-        name = sram.dtype_name(self.dtype)
-        self.P_LOW, self.O_LOW = f"P in {name}", f"O out in {name}"  # conversion buffers, as in sram.tile_budget
-
-    # the arithmetic, counted: numpy stands in for the tensor cores (operands cast to the accumulator)
-    def mm(self, a, b):
-        self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
-        return a.astype(self.acc) @ b.astype(self.acc)
-
-    def exp(self, x):
-        self.exps += x.size
-        return np.exp(x)
-
-    def scores(self, qi, kj, q0, q1, k0, k1):
-        """S = scale Qi Kj^T (Br x Bc, accumulator dtype), -inf where the mask hides a key."""
-        s = self.mm(qi, kj.T) * self.acc(self.opts.softmax_scale)
-        if self.mask.tile_kind(q0, q1, k0, k1) != FULL and not self.mask.is_trivial:
-            s = np.where(self.mask.visible(np.arange(q0, q1), np.arange(k0, k1)), s, -np.inf)
-        return s
-
-    def visits(self, q0, q1, k0, k1) -> bool:
-        return not (self.skip and self.mask.tile_kind(q0, q1, k0, k1) == EMPTY)
-
-    def pv(self, p, vj):
-        """P Vj, with P rounded to the input dtype first at low precision (as the tensor cores read it)."""
-        if self.low:
-            p = self.chip.hold(self.P_LOW, p.astype(self.dtype))
-        return self.mm(p, vj)
-
-    def finish(self, where, o, m, l, q0, q1):
-        """Epilogue of a query tile: O = O acc / l stored in the input dtype, and lse."""
-        out = o / np.where(l == 0, 1, l)[:, None]
-        if self.low:
-            out = self.chip.hold(self.O_LOW, out.astype(self.dtype))
-        self.hbm.store("O", where + (slice(q0, q1),), out)
-        if self.return_lse:
-            with np.errstate(divide="ignore"):
-                self.hbm.store("lse", where + (slice(q0, q1),), np.where(l == 0, -np.inf, m + np.log(l)))
-
-    # -- the schedules, for one (batch, head) ------------------------------------
-    def fa2(self, bq, bk, block_q, block_k):
-        chip, hbm, nq, nk = self.chip, self.hbm, self.mask.seqlen_q, self.mask.seqlen_k
-        for q0, q1 in tile_ranges(nq, block_q):
-            Qi = chip.hold("Q tile", hbm.load("Q", bq + (slice(q0, q1),)))
-            m = chip.hold("m (row max)", np.full(q1 - q0, -np.inf, self.acc))
-            l = chip.hold("l (row sum)", np.zeros(q1 - q0, self.acc))
-            o = chip.hold("O accumulator", np.zeros((q1 - q0, self.dv), self.acc))
-            for k0, k1 in tile_ranges(nk, block_k):
-                if not self.visits(q0, q1, k0, k1):
-                    continue
-                Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
-                Vj = chip.hold("V tile", hbm.load("V", bk + (slice(k0, k1),)))
-                S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
-                m_new = np.maximum(m, S.max(axis=1))
-                P = self.exp(S - safe_max(m_new)[:, None])  # overwrites S in place on a GPU
-                alpha = np.exp(m - safe_max(m_new))  # rescales what was summed under the old max
-                l[:] = alpha * l + P.sum(axis=1)
-                o[:] = alpha[:, None] * o + self.pv(P, Vj)
-                m[:] = m_new
-                chip.free("S / P tile", self.P_LOW)
-            self.finish(bq, o, m, l, q0, q1)
-            chip.free(*list(chip.live))
-
-    def two_pass(self, bq, bk, block_q, block_k):
-        chip, hbm, nq, nk = self.chip, self.hbm, self.mask.seqlen_q, self.mask.seqlen_k
-        for q0, q1 in tile_ranges(nq, block_q):
-            Qi = chip.hold("Q tile", hbm.load("Q", bq + (slice(q0, q1),)))
-            m = chip.hold("m (row max)", np.full(q1 - q0, -np.inf, self.acc))
-            seen = [(k0, k1) for k0, k1 in tile_ranges(nk, block_k) if self.visits(q0, q1, k0, k1)]
-            for k0, k1 in seen:  # pass 1: the row max, nothing else
-                Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
-                S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
-                m[:] = np.maximum(m, S.max(axis=1))
-                chip.free("S / P tile")
-            l = chip.hold("l (row sum)", np.zeros(q1 - q0, self.acc))
-            o = chip.hold("O accumulator", np.zeros((q1 - q0, self.dv), self.acc))
-            for k0, k1 in seen:  # pass 2: m is final, so exp(S - m) never needs rescaling
-                Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
-                Vj = chip.hold("V tile", hbm.load("V", bk + (slice(k0, k1),)))
-                S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
-                P = self.exp(S - safe_max(m)[:, None])
-                l += P.sum(axis=1)
-                o += self.pv(P, Vj)
-                chip.free("S / P tile", self.P_LOW)
-            self.finish(bq, o, m, l, q0, q1)
-            chip.free(*list(chip.live))
-
-    def fa1(self, bq, bk, block_q, block_k):
-        chip, hbm, nq, nk = self.chip, self.hbm, self.mask.seqlen_q, self.mask.seqlen_k
-        rows_all = bq + (slice(0, nq),)
-        hbm.store("O", rows_all, 0)  # Algorithm 1, line 2: O, l, m initialised in HBM
-        hbm.store("l", rows_all, 0)
-        hbm.store("m", rows_all, -np.inf)
-        for k0, k1 in tile_ranges(nk, block_k):
-            steps = [(q0, q1) for q0, q1 in tile_ranges(nq, block_q) if self.visits(q0, q1, k0, k1)]
-            if not steps:
-                continue
-            Kj = chip.hold("K tile", hbm.load("K", bk + (slice(k0, k1),)))
-            Vj = chip.hold("V tile", hbm.load("V", bk + (slice(k0, k1),)))
-            for q0, q1 in steps:
-                rows = bq + (slice(q0, q1),)
-                Qi = chip.hold("Q tile", hbm.load("Q", rows))
-                o = chip.hold("O accumulator", hbm.load("O", rows).astype(self.acc))
-                m = chip.hold("m (row max)", hbm.load("m", rows))
-                l = chip.hold("l (row sum)", hbm.load("l", rows))
-                S = chip.hold("S / P tile", self.scores(Qi, Kj, q0, q1, k0, k1))
-                m_new = np.maximum(m, S.max(axis=1))
-                P = self.exp(S - safe_max(m_new)[:, None])
-                alpha = np.exp(m - safe_max(m_new))
-                l_new = alpha * l + P.sum(axis=1)
-                # O is kept normalised in HBM (the paper's form): undo the old 1/l, add P V, divide by the new l
-                o = (alpha * l)[:, None] * o + self.pv(P, Vj)
-                o = o / np.where(l_new == 0, 1, l_new)[:, None]
-                chip.free("S / P tile", self.P_LOW)
-                if self.low:
-                    o = chip.hold(self.O_LOW, o.astype(self.dtype))
-                hbm.store("O", rows, o)
-                hbm.store("m", rows, m_new)
-                hbm.store("l", rows, l_new)
-                chip.free("Q tile", "O accumulator", "m (row max)", "l (row sum)", self.O_LOW)
-            chip.free("K tile", "V tile")
-        if self.return_lse:  # a last pass: lse = m + log l
-            m, l = hbm.load("m", rows_all), hbm.load("l", rows_all)
-            with np.errstate(divide="ignore"):
-                hbm.store("lse", rows_all, np.where(l == 0, -np.inf, m + np.log(l)))
-
-    def naive(self, bq, bk):
-        hbm, nq, nk = self.hbm, self.mask.seqlen_q, self.mask.seqlen_k
-        full = lambda w: w + (slice(None),)  # noqa: E731
-        Q, K = hbm.load("Q", full(bq)), hbm.load("K", full(bk))
-        hbm.store("S", full(bq), self.scores(Q, K, 0, nq, 0, nk))
-        S = hbm.load("S", full(bq)).astype(self.acc)  # softmax pass 1
-        m = S.max(axis=1)
-        if self.passes == 1:  # one fused pass: a row stays on chip from max to P
-            P = self.exp(S - safe_max(m)[:, None])
-            l = P.sum(axis=1)
-        else:
-            if self.passes == 3:  # m goes to HBM; pass 2 reads S and m again for l
-                hbm.store("m", full(bq), m)
-                S, m = hbm.load("S", full(bq)).astype(self.acc), hbm.load("m", full(bq))
-            l = self.exp(S - safe_max(m)[:, None]).sum(axis=1)
-            if self.passes == 2:  # pass 1 found m and l together
-                hbm.store("m", full(bq), m)
-            hbm.store("l", full(bq), l)
-            S, m, l = hbm.load("S", full(bq)).astype(self.acc), hbm.load("m", full(bq)), hbm.load("l", full(bq))
-            P = self.exp(S - safe_max(m)[:, None])  # the last pass writes P
-        hbm.store("P", full(bq), P / np.where(l == 0, 1, l)[:, None])
-        if self.return_lse:
-            with np.errstate(divide="ignore"):
-                hbm.store("lse", full(bq), np.where(l == 0, -np.inf, safe_max(m) + np.log(l)))
-        P, V = hbm.load("P", full(bq)), hbm.load("V", full(bk))
-        hbm.store("O", full(bq), self.mm(P, V))
-
-
-def run_counted(q, k, v, *, schedule: str = "fa2", block_q: int = 64, block_k: int = 64, causal: bool = False,
-                causal_align: str = "bottom_right", window_size=(-1, -1), skip_empty_tiles: bool = True,
-                softmax_passes: int = 1, return_lse: bool = False, sram_capacity: int | None = None) -> Counted:
-    """Run ``schedule`` on real inputs, counting every HBM byte and the SRAM peak.
-
-    q: (B, H, Nq, D), k / v: (B, Hk, Nk, D / Dv), as for ``course_lib.attention``
-    (inputs are validated the same way).  Returns a ``Counted`` whose
-    ``traffic`` must equal ``attention_io`` with the same arguments, whose
-    ``out`` (and ``lse``) must match the reference, and whose ``sram_peak``
-    equals ``sram.tile_budget(block_q, block_k, D, dtype).total_bytes`` for the
-    tiled schedules once a full tile fits the shape.  ``sram_capacity`` makes
-    the chip raise ``MemoryError`` when a schedule would overflow it.
+    With B = M / (4 D b) rows per tile (``tile_for_sram``), K and V are read
+    N / B times: 4 N^2 D FLOPs over 2 N D b N / B bytes, that is 2 B / b, or
+    M / (2 D b) FLOP per element moved.  For a fixed on-chip budget the
+    intensity falls as D grows: a larger head dim leaves room for fewer rows.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if softmax_passes not in (1, 2, 3):
-        raise ValueError(f"softmax_passes must be 1, 2 or 3, got {softmax_passes!r}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if isinstance(x, np.ndarray) and 0 in x.shape:
-            raise ValueError(f"run_counted needs non-empty inputs, got {name} of shape {x.shape}")
-    hbm, chip = HBM(), SRAM(sram_capacity)
-    state = {}
+    b = sram.itemsize(dtype)
+    return 2 * tile_for_sram(sram_bytes, head_dim, dtype) / b
 
-    def forward(q, k, v, opts, mask):
-        batch, heads, nq, _ = q.shape
-        heads_k, dv = k.shape[1], v.shape[3]
-        stat = np.float64 if q.dtype == np.float64 else np.float32
-        for name, x in (("Q", q), ("K", k), ("V", v)):
-            hbm.place(name, x)
-        hbm.place("O", np.zeros((batch, heads, nq, dv), q.dtype))
-        hbm.place("lse", np.full((batch, heads, nq), -np.inf, stat))
-        if schedule == "naive":
-            hbm.place("S", np.zeros((batch, heads, nq, mask.seqlen_k), q.dtype))
-            hbm.place("P", np.zeros((batch, heads, nq, mask.seqlen_k), q.dtype))
-        hbm.place("m", np.zeros((batch, heads, nq), stat))
-        hbm.place("l", np.zeros((batch, heads, nq), stat))
-        kernel = _Kernel(hbm, chip, opts, mask, q.dtype, dv, skip_empty_tiles, return_lse, softmax_passes)
-        for b in range(batch):
-            for h in range(heads):
-                bq, bk = (b, h), (b, h // (heads // heads_k))
-                if schedule == "naive":
-                    kernel.naive(bq, bk)
-                else:
-                    getattr(kernel, schedule)(bq, bk, opts.block_q, opts.block_k)
-        state["kernel"] = kernel
-        return hbm.arrays["O"], hbm.arrays["lse"]
 
-    out, lse = api.call_forward(forward, q, k, v, return_lse=True, causal=causal, causal_align=causal_align,
-                                window_size=window_size, block_q=block_q, block_k=block_k)
-    kernel = state["kernel"]
-    traffic = _traffic(schedule, kernel.flops, kernel.exps, hbm.reads, hbm.writes)
-    return Counted(out, lse if return_lse else None, traffic, chip.peak, chip.peak_buffers)
+# -- the third level: L2 ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Levels:
+    """Attention's traffic at the levels of a GPU's memory, for one schedule on one machine.
+
+    ``on_chip`` is the two-level count (``attention_io``): bytes between the
+    SMs' registers / shared memory and L2-plus-HBM.  ``compulsory_bytes``: Q,
+    K, V read once, O (and lse) written once, what HBM must carry whatever the
+    kernel does.  ``kv_working_set``: the K and V bytes of the heads whose
+    thread blocks run at once; while it fits in ``l2_capacity`` the K / V
+    re-reads hit in L2 and ``hbm_bytes`` is the compulsory traffic; when it
+    does not, ``hbm_bytes`` is the two-level count (every re-read charged to
+    HBM: the pessimistic end, since L2 still catches some).
+    """
+
+    schedule: str
+    on_chip: Traffic
+    compulsory_bytes: int
+    concurrent_blocks: int
+    blocks_per_head: int  # Tr: the query tiles of one head, launched next to each other
+    heads_in_flight: int  # K/V heads whose blocks run at once
+    kv_working_set: int
+    l2_capacity: int
+    kv_fits_l2: bool
+    hbm_bytes: int
+
+    @property
+    def flops(self) -> int:
+        return self.on_chip.flops
+
+    @property
+    def l2_bytes(self) -> int:
+        """Traffic between the SMs and L2: the two-level count."""
+        return self.on_chip.bytes
+
+    def reason(self) -> str:
+        mib = 2 ** 20
+        verdict = "fit" if self.kv_fits_l2 else "do NOT fit"
+        return (f"{self.concurrent_blocks} blocks in flight, {self.blocks_per_head} per head: K/V of "
+                f"{self.heads_in_flight} head(s) = {self.kv_working_set / mib:,.1f} MiB {verdict} in "
+                f"{self.l2_capacity / mib:,.0f} MiB of L2")
+
+
+def compulsory_bytes(batch, heads, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_v=None, dtype="float16",
+                     *, return_lse=False) -> int:
+    """Q, K, V read once and O written once (and lse, in the accumulator's dtype): what HBM must carry."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    b, s = _sizes(dtype)
+    elements = batch * heads * seqlen_q * (head_dim + dv) + batch * heads_k * seqlen_k * (head_dim + dv)
+    return int(elements * b + (batch * heads * seqlen_q * s if return_lse else 0))
+
+
+def levels(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", hw="h100_sxm", *, schedule="fa2",
+           batch=1, heads=1, heads_k=None, head_dim_v=None, block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K,
+           num_warps=4, concurrent_blocks=None, return_lse=False, **options) -> Levels:
+    """The two-level count, the compulsory HBM traffic and whether a head's K / V stay in L2 on ``hw``.
+
+    FA2's grid puts the Tr query tiles of one head next to each other, so the
+    blocks in flight (``concurrent_blocks``, by default SMs x blocks per SM
+    from ``sram.occupancy`` of the tile) cover about concurrent / Tr + 1
+    heads, and those heads' K and V are what L2 must hold.  ``options`` are
+    ``attention_io``'s mask options.
+    """
+    nk = seqlen_q if seqlen_k is None else seqlen_k
+    dv = head_dim if head_dim_v is None else head_dim_v
+    heads_k = heads if heads_k is None else heads_k
+    machine = roofline.hardware(hw)
+    if machine.l2 is None:
+        raise ValueError(f"{machine.name} has no L2 between its SRAM and DRAM; levels needs one")
+    on_chip = attention_io(schedule, seqlen_q, nk, head_dim, dtype, head_dim_v=dv, block_q=block_q,
+                           block_k=block_k, batch=batch, heads=heads, return_lse=return_lse, **options)
+    if concurrent_blocks is None:
+        occ = sram.occupancy(sram.tile_budget(block_q, block_k, head_dim, dtype, head_dim_v=dv), machine,
+                             num_warps)
+        concurrent_blocks = int(float(machine.units)) * max(occ.blocks_per_unit, 1)
+    _positive(concurrent_blocks=concurrent_blocks)
+    tr = -(-seqlen_q // block_q)
+    in_flight = min(batch * heads, -(-(concurrent_blocks - 1) // tr) + 1)  # a window of blocks spans this many
+    kv_heads = min(batch * heads_k, in_flight)  # GQA: query heads of a group share one K / V
+    working_set = kv_heads * nk * (head_dim + dv) * sram.itemsize(dtype)
+    capacity = int(float(machine.l2))
+    fits = working_set <= capacity
+    floor = compulsory_bytes(batch, heads, heads_k, seqlen_q, nk, head_dim, dv, dtype, return_lse=return_lse)
+    return Levels(schedule, on_chip, floor, int(concurrent_blocks), tr, kv_heads, working_set, capacity, fits,
+                  floor if fits else on_chip.bytes)
+
+
+# -- measured: what the hardware counters saw --------------------------------------------
+
+MEASURED_NCU = [
+    # PyTorch's FlashAttention-2 kernel (SDPA flash), fp16, B=2, H=16, D=128, non-causal, on the course's H200,
+    # measured with ncu --clock-control none on 2026-12-01: bytes to and from DRAM, and L2 traffic.
+    dict(kernel="PyTorch SDPA flash (FA2), fp16", machine="h200", batch=2, heads=16, head_dim=128, seqlen=4096,
+         dram_bytes=132e6, l2_bytes=2.76e9, kind="measured", date="2026-12-01",
+         source="ncu on the course's H200 (issue 13)"),
+    dict(kernel="PyTorch SDPA flash (FA2), fp16", machine="h200", batch=2, heads=16, head_dim=128, seqlen=16384,
+         dram_bytes=654e6, l2_bytes=45e9, kind="measured", date="2026-12-01",
+         source="ncu on the course's H200 (issue 13)"),
+]
+
+
+def __getattr__(name):
+    """Old names: the counted kernel moved to ``course_lib.counted`` (imported lazily: it imports this module)."""
+    if name in ("run_counted", "Counted"):
+        from . import counted
+        return getattr(counted, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import safe_max  # -inf -> 0: a shift that is harmless when nothing was seen
+from .reference import nan_lse_where_out_is_nan, safe_max  # safe_max: -inf -> 0, harmless when nothing was seen
 
 
 # -- the steps of chapter 04, on one row or a stack of rows -------------------------
@@ -99,13 +99,14 @@ def online_update(m, l, o, s_block, v_block, p_dtype=None):
 def finalize(m, l, o):
     """(out, lse) from the running state: out = O / l, lse = m + log l.
 
-    A row that saw no key (l == 0) gives out = 0 and lse = -inf.
+    A row that saw no key (l == 0) gives out = 0 and lse = -inf; a row whose
+    output is NaN gets lse = NaN (``reference.nan_lse_where_out_is_nan``).
     """
     seen = l > 0
     out = o / np.where(seen, l, 1)[..., None]
     with np.errstate(divide="ignore"):
         lse = np.where(seen, safe_max(m) + np.log(np.where(seen, l, 1)), -np.inf)
-    return out, lse.astype(np.result_type(l), copy=False)
+    return out, nan_lse_where_out_is_nan(out, lse.astype(np.result_type(l), copy=False))
 
 
 def to_state(out, lse):

@@ -25,8 +25,8 @@ def kv_head_index(heads: int, heads_k: int) -> np.ndarray:
     return np.arange(heads) // (heads // heads_k)
 
 
-def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, acc, *, masked=True, round_dtype=None):
-    """Scores of query ``rows`` against key ``cols``: (B, H, len(rows), len(cols)) in ``acc``.
+def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, acc_dtype, *, masked=True, round_dtype=None):
+    """Scores of query ``rows`` against key ``cols``: (B, H, len(rows), len(cols)) in ``acc_dtype``.
 
     Scale, softcap, ALiBi, then -inf where the mask hides a key: the steps in
     the order every impl takes them, for all of S (the reference) or for one
@@ -34,7 +34,7 @@ def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, acc, *, masked=True, r
     leaves full).  Kj must already hold each query head's K/V head.
     ``round_dtype`` rounds Q K^T the way a float16 / bfloat16 matmul stores it.
     """
-    acc = np.dtype(acc)
+    acc = np.dtype(acc_dtype)
     s = np.matmul(Qi.astype(acc), np.swapaxes(Kj.astype(acc), -1, -2))
     if round_dtype is not None:
         s = s.astype(round_dtype).astype(acc)
@@ -78,6 +78,17 @@ def masked_softmax(s):
     return p, lse
 
 
+def nan_lse_where_out_is_nan(out, lse):
+    """The NaN rule: a row whose output holds a NaN gets lse = NaN, never -inf or a finite value.
+
+    A NaN in V reaches rows that cannot see its key through 0 * NaN in P V
+    (which rows depends on the impl and its tiles), while lse comes from the
+    scores alone; without this rule such a row would say "no key seen" (-inf)
+    or look healthy.  out: (..., rows, Dv); lse: (..., rows).
+    """
+    return np.where(np.isnan(out).any(axis=-1), np.nan, lse).astype(np.result_type(lse), copy=False)
+
+
 def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, round_dtype=None):
     """O and lse for validated dense inputs, computed in ``compute_dtype``."""
     s = attention_scores(q, k, opts, mask, compute_dtype, round_dtype)
@@ -85,7 +96,8 @@ def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, roun
     if round_dtype is not None:
         p = p.astype(round_dtype).astype(compute_dtype)
     v = v[:, kv_head_index(q.shape[1], v.shape[1])].astype(compute_dtype)  # (B, H, Nk, Dv)
-    return np.matmul(p, v), lse
+    out = np.matmul(p, v)
+    return out, nan_lse_where_out_is_nan(out, lse)
 
 
 def lse_dtype(dtype) -> type:

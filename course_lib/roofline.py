@@ -21,6 +21,14 @@ datasheet peak is never mistaken for a measurement:
 - ``measured``: measured by the course on a named machine on a named date;
 - ``illustrative``: a class-typical figure for a kind of device, not a product.
 
+Which bytes?  A GPU has three levels (registers / shared memory, L2, HBM).
+``time_bound`` divides whatever bytes it is given by the DRAM bandwidth, so it
+is a true bound ("no kernel can beat it") only for bytes that must cross DRAM:
+the compulsory traffic (Q, K, V read once, O written once, ``iomodel.levels``).
+The two-level count of ``iomodel.attention_io`` is traffic between the SMs and
+L2-plus-HBM; divided by the HBM bandwidth it is an *estimate* that charges
+every K / V re-read to HBM, and good kernels beat it (``ATTENTION_SPEEDS``).
+
 ``measure_this_machine()`` measures this machine with numpy (copy bandwidth,
 matmul FLOP/s, exp throughput) in about a second or two and returns a
 ``Measurement`` that ``plot_roofline`` can draw beside the presets.
@@ -88,6 +96,7 @@ class Hardware:
     units: Figure  # SMs, cores, clusters
     unit_name: str = "SM"
     memory: Figure | None = None  # DRAM / HBM capacity in bytes
+    l2: Figure | None = None  # the cache shared by every unit, between their SRAM and DRAM (0: none)
     exp_per_s: Figure | None = None  # exponentials per second (special-function units)
     max_smem_per_block: Figure | None = None
     smem_reserved_per_block: int = 0  # bytes the CUDA runtime keeps per block
@@ -138,7 +147,7 @@ class Hardware:
         """Every figure of this machine by name, datasheet and measured apart."""
         out = {"bandwidth": self.bandwidth, "sram_per_unit": self.sram_per_unit, "units": self.units}
         out.update({f"flops:{k}": v for k, v in self.peak_flops.items()})
-        for name in ("memory", "exp_per_s", "max_smem_per_block", "registers_per_unit"):
+        for name in ("memory", "l2", "exp_per_s", "max_smem_per_block", "registers_per_unit"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update({f"measured {k}": v for k, v in self.measured.items()})
@@ -147,7 +156,7 @@ class Hardware:
 
 def _dtype_name(dtype) -> str:
     if isinstance(dtype, str):
-        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64",
+        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64", "tf32": "tfloat32",
                 "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn"}.get(dtype, dtype)
     return np.dtype(dtype).name
 
@@ -186,18 +195,25 @@ def _cuda_limits(tuning, smem_kib, smem_block_kib, threads, blocks):
         max_registers_per_thread=255, max_threads_per_unit=threads, max_blocks_per_unit=blocks)
 
 
-def _h100_like(key, name, ds, bandwidth, memory, measured=None, note=""):
+_HOPPER_WP = "NVIDIA H100 Tensor Core GPU architecture whitepaper (Hopper), H100 SXM5 table"
+
+
+def _h100_like(key, name, ds, bandwidth, memory, l2, measured=None, note=""):
+    """An H100-class part.  L2: 50 MB on the H100 SXM5 (Hopper whitepaper; NVIDIA's "MB" is MiB here);
+    TF32: the datasheet's 989 TFLOPS with sparsity, halved."""
     return Hardware(
         key=key, name=name, family="gpu",
         peak_flops={
             "float8_e4m3fn": _ds(1979 * TERA, "FLOP/s", f"{ds}: FP8 Tensor Core (3,958 with sparsity)"),
             "float16": _ds(989.5 * TERA, "FLOP/s", f"{ds}: FP16 Tensor Core (1,979 with sparsity)"),
             "bfloat16": _ds(989.5 * TERA, "FLOP/s", f"{ds}: BF16 Tensor Core (1,979 with sparsity)"),
+            "tfloat32": _ds(494.7 * TERA, "FLOP/s", f"{ds}: TF32 Tensor Core (989 with sparsity)"),
             "float32": _ds(67 * TERA, "FLOP/s", f"{ds}: FP32 (no tensor cores)"),
             "float64": _ds(34 * TERA, "FLOP/s", f"{ds}: FP64 (no tensor cores)"),
         },
         bandwidth=_ds(bandwidth * TERA, "B/s", f"{ds}: GPU memory bandwidth"),
         memory=_ds(memory * 1e9, "B", f"{ds}: GPU memory"),
+        l2=l2,
         units=_ds(132, "SMs", f"{ds} / Hopper architecture whitepaper: 132 SMs on the SXM5 part"),
         exp_per_s=Figure(3.9 * TERA, "exp/s", _FA3, PAPER),
         measured=measured or {}, note=note,
@@ -211,9 +227,12 @@ def _add(hw: Hardware):
     HARDWARE[hw.key] = hw
 
 
-_add(_h100_like("h100_sxm", "NVIDIA H100 SXM", _H100_DS, 3.35, 80))
+_add(_h100_like("h100_sxm", "NVIDIA H100 SXM", _H100_DS, 3.35, 80,
+                _ds(50 * MiB, "B", f"{_HOPPER_WP}: 50 MB L2 cache")))
 _add(_h100_like(
     "h200", "NVIDIA H200 SXM", _H200_DS, 4.8, 141,
+    _ds(50 * MiB, "B", f"{_HOPPER_WP}: 50 MB L2 cache; the H200 is the same GH100 die with HBM3e "
+        "(its datasheet lists no L2 size)"),
     measured={
         "bandwidth": Figure(3.8 * TERA, "B/s", f"{_GPU_MD}: device copy, read + write", MEASURED, "2026-11-30"),
         "flops:float32": Figure(51 * TERA, "FLOP/s", f"{_GPU_MD}: cuBLAS fp32 sgemm, TF32 off (SIMT)",
@@ -225,11 +244,13 @@ _add(Hardware(
     peak_flops={
         "float16": _ds(312 * TERA, "FLOP/s", f"{_A100_DS}: FP16 Tensor Core"),
         "bfloat16": _ds(312 * TERA, "FLOP/s", f"{_A100_DS}: BF16 Tensor Core"),
+        "tfloat32": _ds(156 * TERA, "FLOP/s", f"{_A100_DS}: TF32 Tensor Core (312 with sparsity)"),
         "float32": _ds(19.5 * TERA, "FLOP/s", f"{_A100_DS}: FP32"),
         "float64": _ds(9.7 * TERA, "FLOP/s", f"{_A100_DS}: FP64"),
     },
     bandwidth=_ds(2.039 * TERA, "B/s", f"{_A100_DS}: GPU memory bandwidth"),
     memory=_ds(80e9, "B", f"{_A100_DS}: GPU memory"),
+    l2=_ds(40 * MiB, "B", "NVIDIA A100 Tensor Core GPU architecture whitepaper: 40 MB L2 cache"),
     units=_ds(108, "SMs", "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs"),
     **_cuda_limits(_AMPERE_TUNING, 164, 163, 2048, 32)))
 _add(Hardware(
@@ -237,10 +258,12 @@ _add(Hardware(
     peak_flops={
         "float16": _ds(165.2 * TERA, "FLOP/s", f"{_ADA_WP}: FP16 Tensor (330.3 with sparsity)"),
         "bfloat16": _ds(165.2 * TERA, "FLOP/s", f"{_ADA_WP}: BF16 Tensor (330.3 with sparsity)"),
+        "tfloat32": _ds(82.6 * TERA, "FLOP/s", f"{_ADA_WP}: TF32 Tensor (165.2 with sparsity)"),
         "float32": _ds(82.6 * TERA, "FLOP/s", f"{_ADA_WP}: FP32 shader"),
     },
     bandwidth=_ds(1.008 * TERA, "B/s", f"{_ADA_WP}: memory bandwidth (GDDR6X)"),
     memory=_ds(24e9, "B", f"{_ADA_WP}: 24 GB GDDR6X"),
+    l2=_ds(72 * MiB, "B", f"{_ADA_WP}: L2 cache 73,728 KB"),
     units=_ds(128, "SMs", f"{_ADA_WP}: 128 SMs"),
     **_cuda_limits(_ADA_TUNING, 100, 99, 1536, 24)))
 _add(Hardware(
@@ -249,10 +272,12 @@ _add(Hardware(
         "float8_e4m3fn": _ds(242.5 * TERA, "FLOP/s", f"{_L4_DS}: FP8 Tensor Core (485 with sparsity)"),
         "float16": _ds(121 * TERA, "FLOP/s", f"{_L4_DS}: FP16 Tensor Core (242 with sparsity)"),
         "bfloat16": _ds(121 * TERA, "FLOP/s", f"{_L4_DS}: BF16 Tensor Core (242 with sparsity)"),
+        "tfloat32": _ds(60 * TERA, "FLOP/s", f"{_L4_DS}: TF32 Tensor Core (120 with sparsity)"),
         "float32": _ds(30.3 * TERA, "FLOP/s", f"{_L4_DS}: FP32"),
     },
     bandwidth=_ds(300 * GIGA, "B/s", f"{_L4_DS}: GPU memory bandwidth"),
     memory=_ds(24e9, "B", f"{_L4_DS}: 24 GB GDDR6"),
+    l2=_ds(48 * MiB, "B", "NVIDIA Ada GPU architecture whitepaper: 48 MB L2 on AD104, the L4's die"),
     units=_ds(58, "SMs", "NVIDIA Ada GPU architecture whitepaper / L4 product brief: 58 SMs"),
     **_cuda_limits(_ADA_TUNING, 100, 99, 1536, 24)))
 _add(Hardware(
@@ -264,9 +289,11 @@ _add(Hardware(
         # No native half-precision FMA: bf16 / fp16 are converted to float32 and run at its rate.
         "bfloat16": _ill(768 * GIGA, "FLOP/s", "converted to float32, float32 rate"),
         "float16": _ill(768 * GIGA, "FLOP/s", "converted to float32, float32 rate"),
+        "tfloat32": _ill(768 * GIGA, "FLOP/s", "no TF32 unit: float32 rate"),
     },
     bandwidth=_ill(100 * GIGA, "B/s", "dual-channel LPDDR5"),
     memory=_ill(16 * GiB, "B", "16 GiB LPDDR5"),
+    l2=_ill(24 * MiB, "B", "a last-level cache (L3) shared by the cores"),
     sram_per_unit=_ill(1.25 * MiB, "B", "private L2 per core; L1d is 48 KiB"),
     units=_ill(8, "cores", "8 performance cores"),
     unit_name="core",
@@ -279,9 +306,11 @@ _add(Hardware(
         "float16": _ill(1 * TERA, "FLOP/s", "the same array at a quarter of the int8 rate"),
         "bfloat16": _ill(1 * TERA, "FLOP/s", "the same array at a quarter of the int8 rate"),
         "float32": _ill(25 * GIGA, "FLOP/s", "a small float32 vector unit beside the array"),
+        "tfloat32": _ill(25 * GIGA, "FLOP/s", "no TF32 unit: the float32 vector unit's rate"),
     },
     bandwidth=_ill(8.5 * GIGA, "B/s", "LPDDR4X shared with the host, reached through DMA"),
     memory=_ill(2 * GiB, "B", "the share of system DRAM the NPU may use"),
+    l2=_ill(0, "B", "no cache: DMA moves every tile between DRAM and the scratchpad"),
     sram_per_unit=_ill(256 * KiB, "B", "one scratchpad, filled and drained by DMA"),
     units=_ill(1, "NPU", "one MAC array"),
     unit_name="NPU",
@@ -294,9 +323,11 @@ _add(Hardware(
         "float16": _ill(256 * GIGA, "FLOP/s", "2-way packed-SIMD half precision"),
         "bfloat16": _ill(256 * GIGA, "FLOP/s", "2-way packed-SIMD half precision"),
         "float64": _ill(64 * GIGA, "FLOP/s", "64 cores x 1 GHz x 1 FMA x 2, every other cycle"),
+        "tfloat32": _ill(128 * GIGA, "FLOP/s", "no TF32 unit: float32 rate"),
     },
     bandwidth=_ill(25.6 * GIGA, "B/s", "one DDR4 channel"),
     memory=_ill(4 * GiB, "B", "4 GiB DDR4"),
+    l2=_ill(0, "B", "no cache: each cluster's SRAM is filled and drained by DMA"),
     sram_per_unit=_ill(128 * KiB, "B", "128 KiB SRAM shared by the 8 cores of a cluster, DMA-fed"),
     units=_ill(8, "clusters", "8 clusters of 8 cores"),
     unit_name="cluster",
@@ -325,18 +356,86 @@ def preset_table(dtype="float16") -> list:
         rows.append(dict(key=hw.key, name=hw.name, dtype=used, peak_tflops=float(fig) / TERA,
                          bandwidth_tbs=float(hw.bandwidth) / TERA, ridge=hw.ridge(used),
                          sram_kib=float(hw.sram_per_unit) / KiB, units=int(float(hw.units)),
+                         l2_mib=float(hw.l2) / MiB if hw.l2 is not None else None,
+                         tf32_tflops=hw.peak("tfloat32") / TERA if "tfloat32" in hw.peak_flops else None,
                          kind=fig.kind))
     return rows
 
 
 def format_table(rows) -> str:
     """The preset table as fixed-width text (deterministic, for notebooks)."""
-    lines = [f"{'machine':<50}{'dtype':<10}{'peak TFLOP/s':>13}{'TB/s':>8}{'ridge F/B':>11}"
-             f"{'SRAM KiB':>10}{'units':>7}  kind"]
+    lines = [f"{'machine':<50}{'dtype':<10}{'peak TFLOP/s':>13}{'TF32':>7}{'TB/s':>8}{'ridge F/B':>11}"
+             f"{'SRAM KiB':>10}{'L2 MiB':>8}{'units':>7}  kind"]
+    blank = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
     for r in rows:
-        lines.append(f"{r['name']:<50}{r['dtype']:<10}{r['peak_tflops']:>13.4g}{r['bandwidth_tbs']:>8.3g}"
-                     f"{r['ridge']:>11.4g}{r['sram_kib']:>10.4g}{r['units']:>7}  {r['kind']}")
+        lines.append(f"{r['name']:<50}{r['dtype']:<10}{r['peak_tflops']:>13.4g}{blank(r['tf32_tflops'], '.4g'):>7}"
+                     f"{r['bandwidth_tbs']:>8.3g}{r['ridge']:>11.4g}{r['sram_kib']:>10.4g}"
+                     f"{blank(r['l2_mib'], '.4g'):>8}{r['units']:>7}  {r['kind']}")
     return "\n".join(lines)
+
+
+# -- the roofline bound ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Bound:
+    """The least time some bytes and FLOPs take on a machine, and what sets it."""
+
+    compute_s: float
+    memory_s: float
+    exp_s: float  # 0 when the machine has no exp figure
+    seconds: float
+    limiter: str  # "compute", "memory" or "exp"
+    flops_per_s: float  # the attainable speed: FLOPs / seconds
+
+
+def time_bound(traffic, hw, dtype="float16", *, source: str = "datasheet", include_exp: bool = True) -> Bound:
+    """max(FLOPs / peak, bytes / DRAM bandwidth, exps / exp rate) for anything with flops, bytes and exps.
+
+    A true lower bound only when ``traffic.bytes`` must all cross DRAM (the
+    compulsory traffic, ``iomodel.levels(...).compulsory_bytes``).  Given the
+    two-level count (``iomodel.attention_io``), it is an estimate that charges
+    every re-read to HBM, which kernels whose blocks share K / V in L2 beat.
+    """
+    hw = hardware(hw) if not isinstance(hw, Measurement) else hw.as_hardware()
+    name = hw.rate_dtype(dtype)
+    terms = {"compute": traffic.flops / hw.peak(name, source),
+             "memory": traffic.bytes / hw.memory_bandwidth(source),
+             "exp": traffic.exps / float(hw.exp_per_s) if include_exp and hw.exp_per_s is not None else 0.0}
+    limiter = max(terms, key=terms.get)
+    seconds = terms[limiter]
+    return Bound(terms["compute"], terms["memory"], terms["exp"], seconds, limiter,
+                 traffic.flops / seconds if seconds else math.inf)
+
+
+@dataclass(frozen=True)
+class _Bytes:
+    flops: float
+    bytes: float
+    exps: float
+
+
+def attention_bounds(lv, hw, dtype="float16", *, source: str = "datasheet") -> dict:
+    """For an ``iomodel.Levels``: the true bound (compulsory HBM bytes) and the two-level estimate.
+
+    ``"bound"``: no kernel can beat it (it must move at least Q, K, V and O
+    through DRAM and do the FLOPs and exponentials); ``"two_level"``: the
+    same FLOPs with every byte of the two-level count through DRAM, what a
+    kernel reaches when L2 catches none of the K / V re-reads.
+    """
+    exps = lv.on_chip.exps
+    return {"bound": time_bound(_Bytes(lv.flops, lv.compulsory_bytes, exps), hw, dtype, source=source),
+            "two_level": time_bound(_Bytes(lv.flops, lv.on_chip.bytes, exps), hw, dtype, source=source)}
+
+
+# Published and measured attention speeds, to set beside the model (never mixed with it).
+ATTENTION_SPEEDS = [
+    dict(label="FlashAttention-3, fp16 forward, H100 SXM5 (published)", machine="h100_sxm", dtype="float16",
+         seqlen=8192, head_dim=128, tflops=740.0, kind=PAPER, date="",
+         source="Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608): up to about 740 TFLOP/s in FP16"),
+    dict(label="PyTorch SDPA cuDNN, fp16, H200 (measured 2026-11-30)", machine="h200", dtype="float16",
+         seqlen=8192, head_dim=128, batch=2, heads=16, tflops=658.0, kind=MEASURED, date="2026-11-30",
+         source="course GPU notes (shared/GPU.md), H200: torch 2.11, N=8192, D=128, B=2, H=16"),
+]
 
 
 # -- measuring this machine ---------------------------------------------------------
@@ -475,7 +574,7 @@ def draw_roofline(ax, machines, points=(), *, dtype="float16", source="datasheet
                 color=p.get("colour", "black"), label=p.get("label"), zorder=5)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte, at the level each point counts)")
     ax.set_ylabel("attainable FLOP/s")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")

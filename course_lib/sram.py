@@ -4,7 +4,7 @@ A program working on query tile ``i`` (``Br`` rows) against key tile ``j``
 (``Bc`` keys) keeps, in the input dtype unless said otherwise:
 
     shared memory   Q tile  Br x D      K tile  Bc x D      V tile  Bc x Dv
-                    (K and V times ``kv_stages`` when the next tiles load while these are used)
+                    (K and V times ``kv_stages``: separate pipeline stages, as FA3 and Triton use)
     registers       m, l    Br each, float32        the running max and sum of the softmax
                     O acc   Br x Dv, float32        the output accumulator
                     S / P   Br x Bc, float32        scores, then probabilities (inner loop)
@@ -17,11 +17,25 @@ total (a CPU core, an NPU scratchpad, a RISC-V cluster: no register file to
 spill into) is shared + that peak.  float32 inputs need no conversion buffers;
 float64 ones accumulate in float64.
 
+Where each tensor really lives differs between kernels (``PLACEMENT``).  In
+FlashAttention-2 (sm80 code) Q is staged through shared memory and each warp
+reads its own Br / warps rows into registers as the MMA's operand; K and V sit
+in shared memory, one buffer each (the next tile's load is issued while the
+current one is used: V_j loads during S = Q K_j^T, K_{j+1} during P V_j);
+S / P and the O accumulator are registers, split across warps by rows; O
+leaves through shared memory (reusing Q's) for wide stores.  In
+FlashAttention-3 (Hopper) Q stays in shared memory, where wgmma reads it as a
+tensor-core operand, and K / V stream through a multi-stage TMA pipeline.
+The budget below counts the same bytes either way; ``kv_stages`` > 1 is the
+FA3 / Triton pipeline, not FA2.
+
 ``occupancy(budget, hw)`` says whether the tile fits a preset and how many
 such blocks one SM (or core, or cluster) holds at once, limited by shared
 memory, registers, threads or the block limit.  The register count is an
 estimate (bytes spread over the block's threads, plus ``REGISTER_OVERHEAD``
-for indices and pointers): the compiler decides the real one.
+for indices and pointers): the compiler decides the real one.  It depends on
+the warps: 128 x 128 at D = 128 spills with 4 warps (128 threads) and fits
+with 8, which is why kernels pair big tiles with 8 warps.
 """
 from __future__ import annotations
 
@@ -160,6 +174,27 @@ def tile_budget(block_q: int, block_k: int, head_dim: int, dtype="float16", *, h
         items += [Item(f"P in {name}", (br, bc), name, REGISTERS, INNER),
                   Item(f"O out in {name}", (br, dv), name, REGISTERS, EPILOGUE)]
     return TileBudget(br, bc, d, dv, name, stages, tuple(items))
+
+
+# Where the tensors of one tile program live, kernel by kernel (chapter 03, section 6).
+PLACEMENT = {
+    "fa2": {
+        "Q": "shared memory, read into registers by each warp for its own rows (the MMA's A operand)",
+        "K": "shared memory, one buffer, read by every warp",
+        "V": "shared memory, one buffer, read by every warp",
+        "S / P": "registers, each warp its rows; P converted in registers for P V",
+        "O": "registers (float32 accumulator), leaving through shared memory for the store",
+        "pipelining": "one K and one V buffer: V_j loads during Q K_j^T, K_{j+1} during P V_j (cp.async)",
+    },
+    "fa3": {
+        "Q": "shared memory, read there by wgmma as a tensor-core operand",
+        "K": "shared memory, several pipeline stages filled by TMA",
+        "V": "shared memory, several pipeline stages filled by TMA",
+        "S / P": "registers; P is the register operand of the second wgmma",
+        "O": "registers (float32 accumulator), leaving through shared memory (TMA store)",
+        "pipelining": "separate K / V stages, producer warps loading while consumer warpgroups compute",
+    },
+}
 
 
 # -- does it fit? how many at once? ------------------------------------------------

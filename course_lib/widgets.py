@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 
-from . import checks, iomodel, roofline, sram
+from . import checks, counted, iomodel, roofline, sram
 
 POWERS_OF_TWO_TILES = (16, 32, 64, 128, 256)
 HEAD_DIMS = (32, 64, 128, 256)
@@ -143,10 +143,11 @@ class TileSizeResult:
     seqlen: int
     budget: sram.TileBudget
     occupancy: sram.Occupancy
-    naive: iomodel.Traffic  # at seqlen, fused softmax
-    flash: iomodel.Traffic  # FA2 loop order at seqlen
-    naive_bound: iomodel.Bound
-    flash_bound: iomodel.Bound
+    naive: iomodel.Traffic  # at seqlen, fused softmax: two-level count (chip <-> L2 + HBM)
+    flash: iomodel.Traffic  # FA2 loop order at seqlen, two-level count
+    naive_bound: roofline.Bound  # two-level estimates: every byte charged to HBM
+    flash_bound: roofline.Bound
+    flash_levels: iomodel.Levels | None  # the L2-aware view of FA2 (None on a machine without an L2 figure)
     run_dtype: str  # the dtype the small run used
     run_shape: tuple  # (Nq, Nk) of the small run
     error: np.ndarray  # |tiled kernel - reference|, (Nq, D) of the small run
@@ -161,17 +162,20 @@ class TileSizeResult:
             f"SRAM budget: {b.shared_bytes:,} B shared + {b.register_bytes:,} B registers "
             f"= {b.total_bytes:,} B on chip",
             f"fits: {'yes' if o.fits else 'NO'}; {o.reason}",
-            f"HBM traffic at N={self.seqlen}: naive {self.naive.bytes / 2**20:,.1f} MiB, "
-            f"FlashAttention-2 {self.flash.bytes / 2**20:,.1f} MiB "
+            f"traffic between chip and L2 + HBM at N={self.seqlen} (two-level count): naive "
+            f"{self.naive.bytes / 2**20:,.1f} MiB, FlashAttention-2 {self.flash.bytes / 2**20:,.1f} MiB "
             f"({self.naive.bytes / self.flash.bytes:.1f}x less)",
             f"intensity: naive {self.naive.intensity:.1f}, flash {self.flash.intensity:.1f} FLOP/B "
             f"(ridge {hw.ridge(self._peak_dtype(hw)):.0f})",
-            f"roofline bound: naive {self.naive_bound.seconds * 1e3:.4g} ms ({self.naive_bound.limiter}), "
-            f"flash {self.flash_bound.seconds * 1e3:.4g} ms ({self.flash_bound.limiter})",
+            f"two-level estimate (all of it through HBM): naive {self.naive_bound.seconds * 1e3:.4g} ms "
+            f"({self.naive_bound.limiter}), flash {self.flash_bound.seconds * 1e3:.4g} ms ({self.flash_bound.limiter})",
             f"small run ({self.run_dtype}, Nq={self.run_shape[0]}, Nk={self.run_shape[1]}, tails included): "
             f"max |error| {self.max_error:.2e}, "
             f"{'within' if self.within_tolerance else 'OUTSIDE'} the course tolerance",
         ]
+        if self.flash_levels is not None:
+            lv = self.flash_levels
+            lines.insert(4, f"HBM for FA2: {lv.hbm_bytes / 2**20:,.1f} MiB ({lv.reason()})")
         return "\n".join(lines)
 
     def _peak_dtype(self, hw):
@@ -186,7 +190,7 @@ def _small_run(block_q, block_k, head_dim, dtype):
     nq, nk = 2 * block_q + 5, 2 * block_k + 3  # two full tiles and a tail, in both directions
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 1, n, head_dim)).astype(dtype) for n in (nq, nk, nk))
-    run = iomodel.run_counted(q, k, v, schedule="fa2", block_q=block_q, block_k=block_k)
+    run = counted.run_counted(q, k, v, schedule="fa2", block_q=block_q, block_k=block_k)
     expected = api.attention(q, k, v, impl="reference").astype(np.float64)
     bound, atol, rtol, rule = checks.attention_tolerance(q, k, v, expected)
     verdict = checks.compare("tiled", run.out, expected, bound=bound, atol=atol, rtol=rtol, rule=rule)
@@ -205,9 +209,11 @@ def tile_size_numbers(block_q=64, block_k=64, head_dim=64, dtype="float16", hard
     # float8 is not an input dtype of course_lib.attention: the small run uses bfloat16 then
     run_dtype = dtype if dtype in ("float32", "float16", "bfloat16", "float64") else "bfloat16"
     shape, error, max_error, ok = _small_run(block_q, block_k, head_dim, np.dtype(run_dtype))
+    lv = (iomodel.levels(seqlen, seqlen, head_dim, dtype, hw, block_q=block_q, block_k=block_k)
+          if hw.l2 is not None else None)
     return TileSizeResult(
         block_q, block_k, head_dim, dtype, hw.key, seqlen, budget, sram.occupancy(budget, hw),
-        naive, flash, iomodel.time_bound(naive, hw, dtype), iomodel.time_bound(flash, hw, dtype),
+        naive, flash, roofline.time_bound(naive, hw, dtype), roofline.time_bound(flash, hw, dtype), lv,
         run_dtype, shape, error, max_error, ok)
 
 
@@ -224,8 +230,8 @@ def _draw_tile_size(fig, r: TileSizeResult):
         ax_io.text(bar.get_x() + bar.get_width() / 2, t, f"{t:,.0f} MiB\n>= {bound.seconds * 1e3:.3g} ms",
                    ha="center", va="bottom", fontsize=7)
     ax_io.set_ylim(0, max(traffic) * 1.3)
-    ax_io.set_ylabel("HBM traffic (MiB)")
-    ax_io.set_title(f"N = {r.seqlen}: traffic and time bound", fontsize=9)
+    ax_io.set_ylabel("chip <-> L2 + HBM (MiB, two-level count)")
+    ax_io.set_title(f"N = {r.seqlen}: traffic, two-level estimate", fontsize=9)
     image = ax_err.imshow(r.error, aspect="auto", cmap="viridis", interpolation="nearest")
     for row in range(r.block_q, r.run_shape[0], r.block_q):  # query tile edges
         ax_err.axhline(row - 0.5, color="white", lw=0.8, ls="--")
@@ -249,7 +255,7 @@ TILE_SIZE_FIGSIZE = (12, 3.4)
 
 
 def tile_size_explorer(block_q=64, block_k=64, head_dim=64, dtype="float16", hardware="h100_sxm", seqlen=4096):
-    """Br, Bc, D, dtype, hardware, N -> SRAM budget bars, HBM traffic, intensity, roofline bound,
+    """Br, Bc, D, dtype, hardware, N -> SRAM budget bars, traffic by level, intensity, time estimate,
     and the tiled kernel's elementwise error on a small problem with those tiles."""
     widgets = _import_widgets()
     controls = {
@@ -282,10 +288,12 @@ class RooflineResult:
     dtype: str
     causal: bool
     show: str  # "naive", "flash" or "both"
-    traffic: dict  # schedule -> Traffic
-    bounds: dict  # schedule -> Bound on the preset (datasheet figures)
-    here: dict  # schedule -> Bound on this machine (measured figures)
+    traffic: dict  # schedule -> Traffic (two-level count)
+    bounds: dict  # schedule -> two-level estimate on the preset (datasheet figures, every byte through HBM)
+    here: dict  # schedule -> the same on this machine (measured figures)
     measurement: roofline.Measurement
+    flash_levels: iomodel.Levels | None = None  # FA2 with L2: None on a preset without an L2 figure
+    flash_hbm_bound: roofline.Bound | None = None  # FA2's true bound on the preset (compulsory HBM bytes)
 
     def schedules(self):
         return ["naive", "fa2"] if self.show == "both" else (["naive"] if self.show == "naive" else ["fa2"])
@@ -299,9 +307,13 @@ class RooflineResult:
         for s in self.schedules():
             t, b, h = self.traffic[s], self.bounds[s], self.here[s]
             name = "naive" if s == "naive" else "flash (FA2)"
-            lines.append(f"{name:<12} intensity {t.intensity:7.1f} FLOP/B; {hw.key}: >= {b.seconds * 1e3:.4g} ms, "
-                         f"{b.flops_per_s / 1e12:.4g} TFLOP/s ({b.limiter}-bound); "
-                         f"this machine: >= {h.seconds * 1e3:.4g} ms ({h.limiter}-bound)")
+            lines.append(f"{name:<12} intensity {t.intensity:7.1f} FLOP/B (two-level); {hw.key}: "
+                         f"~{b.seconds * 1e3:.4g} ms, {b.flops_per_s / 1e12:.4g} TFLOP/s ({b.limiter}); "
+                         f"this machine: ~{h.seconds * 1e3:.4g} ms ({h.limiter})")
+        if self.flash_levels is not None and "fa2" in self.schedules():
+            lv, bound = self.flash_levels, self.flash_hbm_bound
+            lines.append(f"flash, L2-aware: {lv.reason()}; true bound {bound.seconds * 1e3:.4g} ms, "
+                         f"{bound.flops_per_s / 1e12:.4g} TFLOP/s ({bound.limiter}-bound)")
         return "\n".join(lines)
 
 
@@ -315,9 +327,14 @@ def roofline_numbers(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float
     measurement = measurement or this_machine()
     traffic = {"naive": iomodel.naive_io(seqlen, seqlen, head_dim, dtype, causal=causal),
                "fa2": iomodel.flash_io(seqlen, seqlen, head_dim, dtype, causal=causal, block_q=128, block_k=64)}
-    bounds = {s: iomodel.time_bound(t, hw, dtype) for s, t in traffic.items()}
-    here = {s: iomodel.time_bound(t, measurement, "float32") for s, t in traffic.items()}
-    return RooflineResult(hw.key, seqlen, head_dim, dtype, bool(causal), show, traffic, bounds, here, measurement)
+    bounds = {s: roofline.time_bound(t, hw, dtype) for s, t in traffic.items()}
+    here = {s: roofline.time_bound(t, measurement, "float32") for s, t in traffic.items()}
+    lv = hbm = None
+    if hw.l2 is not None:
+        lv = iomodel.levels(seqlen, seqlen, head_dim, dtype, hw, causal=causal, block_q=128, block_k=64)
+        hbm = roofline.attention_bounds(lv, hw, dtype)["bound"]
+    return RooflineResult(hw.key, seqlen, head_dim, dtype, bool(causal), show, traffic, bounds, here, measurement,
+                          lv, hbm)
 
 
 def _draw_roofline(fig, r: RooflineResult):
@@ -332,6 +349,10 @@ def _draw_roofline(fig, r: RooflineResult):
                            label=f"{name} on {hw.key}"))
         points.append(dict(intensity=t.intensity, flops=r.here[s].flops_per_s, marker=marker, colour="#555555",
                            label=f"{name} on this machine"))
+        if s == "fa2" and r.flash_levels is not None:
+            points.append(dict(intensity=r.flash_levels.flops / r.flash_levels.compulsory_bytes,
+                               flops=r.flash_hbm_bound.flops_per_s, marker="P", colour="#2ca02c",
+                               label=f"{name}, compulsory HBM bytes (K/V in L2): the true bound"))
     roofline.draw_roofline(ax, [hw, r.measurement], points, dtype=r.dtype, intensity_range=(0.5, 3e3))
     exp_roof = r.measurement.exp_per_s * r.traffic["fa2"].flops / r.traffic["fa2"].exps
     ax.axhline(exp_roof, color="#555555", ls=":", lw=1.2)

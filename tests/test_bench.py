@@ -60,12 +60,19 @@ def test_tflops_is_4_b_h_nq_nk_d_over_time():
     assert rec["tflops"] == pytest.approx(4 * 2 * 3 * 100 * 300 * 64 / 0.25 / 1e12)
 
 
-def test_tflops_is_halved_for_causal():
+def test_causal_flops_count_the_visible_pairs_about_half_and_decode_counts_every_key():
     full = bench.record(benchmark="t", impl="x", shape=(1, 2, 512, 512, 64), dtype="float16", time_s=1.0, env=ENV)
     causal = bench.record(benchmark="t", impl="x", shape=(1, 2, 512, 512, 64), dtype="float16", time_s=1.0,
                           causal=True, env=ENV)
-    assert causal["tflops"] == pytest.approx(full["tflops"] / 2)
+    assert causal["flops"] == 4 * 2 * 64 * 512 * 513 // 2  # N (N + 1) / 2 pairs: about half, not exactly
+    assert causal["tflops"] == pytest.approx(full["tflops"] / 2, rel=2e-3)
     assert causal["mask"] == "causal" and causal["causal"] is True
+    decode = bench.record(benchmark="t", impl="x", shape=(1, 2, 1, 4096, 64), dtype="float16", time_s=1.0,
+                          causal=True, env=ENV)
+    assert decode["flops"] == 4 * 2 * 4096 * 64  # Nq = 1, bottom-right: the query sees every key
+    window = bench.record(benchmark="t", impl="x", shape=(1, 1, 64, 64, 8), dtype="float32", time_s=1.0,
+                          window_size=(3, 0), mask="window (3, 0)", env=ENV)
+    assert window["flops"] == 4 * 8 * sum(min(i, 3) + 1 for i in range(64))
 
 
 def test_bytes_moved_defaults_to_the_compulsory_traffic_or_takes_the_kernels_count():

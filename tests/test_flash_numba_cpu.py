@@ -156,3 +156,23 @@ def test_a_syntax_error_in_an_impl_is_an_error(monkeypatch, tmp_path):
     monkeypatch.setitem(kernels.IMPLS, "typo_kernel", "typo_kernel")
     with pytest.raises(ImportError, match="typo_kernel.*SyntaxError"):
         kernels.load("typo_kernel")
+
+
+def test_a_nan_row_comes_back_nan_with_a_nan_lse_never_minus_inf():
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float32) for _ in range(3))
+    q[0, 1, 21, 3] = np.nan
+    out, lse = course_lib.attention(q, k, v, impl="flash_numba_cpu", causal=True, block_q=16, block_k=16,
+                                    return_lse=True)
+    ref_out, ref_lse = course_lib.attention(q, k, v, impl="reference", causal=True, return_lse=True)
+    assert np.isnan(out[0, 1, 21]).all() and np.isnan(lse[0, 1, 21])
+    assert np.array_equal(np.isnan(lse), np.isnan(ref_lse)) and np.array_equal(np.isnan(out), np.isnan(ref_out))
+
+
+def test_a_compile_failure_is_an_error_naming_the_kernel(monkeypatch):
+    def fails(*args):
+        raise numba.core.errors.TypingError("cannot type this")
+    monkeypatch.setattr(fnc, "forward_kernel", fails)
+    q = np.zeros((1, 1, 4, 4), np.float32)
+    with pytest.raises(RuntimeError, match="flash_numba_cpu failed to compile for float32 inputs: cannot type this"):
+        course_lib.attention(q, q, q, impl="flash_numba_cpu")

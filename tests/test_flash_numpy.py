@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import course_lib
-from course_lib import api, checks, iomodel
+from course_lib import api, checks, counted, iomodel
 from course_lib.kernels import flash_numpy
 from course_lib.masks import EMPTY, PARTIAL
 
@@ -196,10 +196,26 @@ def test_empty_tiles_are_skipped_and_only_partial_tiles_masked(loop_order):
     assert (stats.computed, stats.skipped, stats.masked) == (49, 0, 0)
 
 
-def test_attention_forward_records_its_stats():
+def test_each_call_owns_its_stats_and_no_module_state_is_left_behind():
     q = np.ones((1, 1, 10, 2))
-    course_lib.attention(q, q, q, impl="flash_numpy", block_q=4, block_k=5)
-    assert flash_numpy.last_stats.computed == 3 * 2
+    _, _, stats = flash_numpy.run_with_stats(q, q, q, block_q=4, block_k=5)
+    assert stats.computed == 3 * 2
+    course_lib.attention(q[:, :, :4], q, q, impl="flash_numpy", block_q=4, block_k=5)  # another call ...
+    assert stats.computed == 3 * 2  # ... leaves the first one's counts alone
+    assert not hasattr(flash_numpy, "last_stats")
+
+
+@pytest.mark.parametrize("loop_order", ["fa2", "fa1"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_the_counted_kernel_is_this_kernel_same_outputs_same_counts(loop_order, dtype):
+    rng = np.random.default_rng(11)
+    q, k, v = make_qkv(rng, 2, 4, 2, 37, 29, 16, 8, dtype)
+    options = dict(causal=True, softcap=5.0, alibi_slopes=rng.uniform(0, 0.5, 4), block_q=8, block_k=6)
+    out, lse, stats = flash_numpy.run_with_stats(q, k, v, loop_order, **options)
+    run = counted.run_counted(q, k, v, schedule=loop_order, return_lse=True, **options)
+    np.testing.assert_array_equal(run.out, out)  # bit for bit: one loop body, not two copies
+    np.testing.assert_array_equal(run.lse, lse)
+    assert run.traffic == iomodel.traffic_of(loop_order, stats)
 
 
 def test_hbm_traffic_fa2_reads_q_once_and_fa1_reads_k_and_v_once():
@@ -220,7 +236,7 @@ def test_hbm_traffic_fa2_reads_q_once_and_fa1_reads_k_and_v_once():
 
 
 @pytest.mark.parametrize("loop_order", ["fa2", "fa1"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("shape, options", [
     ((2, 3, 37, 53, 59, 13, 8, 6), {}),
     ((1, 2, 70, 24, 16, 16, 16, 8), dict(causal=True)),
@@ -236,3 +252,4 @@ def test_the_kernels_count_of_hbm_traffic_is_the_io_models(loop_order, dtype, sh
     model = iomodel.attention_io(loop_order, Nq, Nk, D, dtype, head_dim_v=Dv, block_q=Br, block_k=Bc, batch=B,
                                  heads=H, return_lse=True, **options)
     assert (stats.hbm_read, stats.hbm_write) == (model.read_bytes, model.write_bytes)
+    assert iomodel.traffic_of(loop_order, stats) == model  # tensor by tensor, FLOPs and exponentials too

@@ -1,4 +1,4 @@
-"""The IO model against an instrumented kernel, the SRAM budget, and the IO law (chapter 03)."""
+"""The IO model against the counted kernel, the SRAM budget, the IO law and the L2 level (chapters 02, 03)."""
 import math
 
 import ml_dtypes
@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import course_lib
-from course_lib import checks, iomodel, sram
-from course_lib.iomodel import SCHEDULES, attention_io, run_counted
+from course_lib import checks, iomodel, roofline, sram
+from course_lib.counted import run_counted
+from course_lib.iomodel import SCHEDULES, attention_io
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 MASKS = [dict(), dict(causal=True), dict(causal=True, causal_align="top_left"), dict(window_size=(5, 3))]
@@ -127,6 +128,15 @@ def test_fa1_rereads_q_and_o_for_every_key_tile():
     assert t.writes["m"] == t.writes["l"] == (tc + 1) * n * 4
 
 
+def test_fa1_keeps_its_o_scratch_in_float32_at_low_precision_and_converts_it_once():
+    n, d, br, bc = 512, 32, 64, 128
+    t = attention_io("fa1", n, n, d, "float16", block_q=br, block_k=bc)
+    tc = n // bc
+    assert t.reads["Q"] == tc * n * d * 2  # inputs in float16
+    assert t.reads["O"] == (tc + 1) * n * d * 4  # the float32 scratch, and the last pass reading it
+    assert t.writes["O"] == (tc + 1) * n * d * 4 + n * d * 2  # scratch, then O once in float16
+
+
 def test_batch_and_heads_multiply_everything():
     one = attention_io("fa2", 300, 200, 32, "bfloat16", block_q=64, block_k=64)
     many = attention_io("fa2", 300, 200, 32, "bfloat16", block_q=64, block_k=64, batch=3, heads=5)
@@ -150,7 +160,8 @@ def test_matmul_io_counts_2mnk_flops_and_each_matrix_once():
 
 def test_time_bound_is_the_largest_of_compute_memory_and_exp():
     t = iomodel.naive_io(4096, 4096, 64, "float16")
-    bound = iomodel.time_bound(t, "h100_sxm", "float16")
+    assert iomodel.time_bound is roofline.time_bound  # moved to roofline; the old name still works
+    bound = roofline.time_bound(t, "h100_sxm", "float16")
     assert bound.compute_s == pytest.approx(t.flops / 989.5e12)
     assert bound.memory_s == pytest.approx(t.bytes / 3.35e12)
     assert bound.exp_s == pytest.approx(t.exps / 3.9e12)
@@ -177,7 +188,9 @@ def test_bad_arguments_are_named():
 
 # -- the IO law ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("schedule, constant", [("fa2", 8), ("fa1", 12)])
+# c / b^2 with B = M / (4 D b): FA2 re-reads K and V (2 b); FA1 re-reads Q (b) and O, read and written in
+# float32 (2 x 4 = 4 b at b = 2): 4 (b + 2 * 4) / b = 20
+@pytest.mark.parametrize("schedule, constant", [("fa2", 8), ("fa1", 20)])
 def test_io_law_n_squared_d_squared_over_m_with_the_derived_constant(schedule, constant):
     points = iomodel.io_law_points([4096, 8192, 16384], [64, 128], [64 * 1024, 128 * 1024, 256 * 1024],
                                    "float16", schedule)
@@ -186,6 +199,18 @@ def test_io_law_n_squared_d_squared_over_m_with_the_derived_constant(schedule, c
     assert a == pytest.approx(2, abs=0.05) and b == pytest.approx(2, abs=0.08) and g == pytest.approx(-1, abs=0.05)
     assert fit.c / 2 ** 2 == pytest.approx(constant, rel=0.1)  # c = constant * itemsize^2
     assert fit.max_rel_error < 0.15
+
+
+@pytest.mark.parametrize("sram_bytes", [64 * 1024, 256 * 1024])
+def test_flashattentions_intensity_falls_with_d_for_a_fixed_on_chip_budget(sram_bytes):
+    by_d = {d: iomodel.flash_intensity_for_budget(sram_bytes, d, "float16") for d in (32, 64, 128, 256)}
+    for d, predicted in by_d.items():
+        tile = iomodel.tile_for_sram(sram_bytes, d, "float16")
+        modelled = attention_io("fa2", 65536, 65536, d, "float16", block_q=tile, block_k=tile).intensity
+        assert modelled == pytest.approx(predicted, rel=0.05)  # about M / (2 D b^2) FLOP per byte
+        assert predicted == pytest.approx(sram_bytes / (2 * d * 2 ** 2), rel=0.05)
+    assert by_d[32] > by_d[64] > by_d[128] > by_d[256]  # not "independent of D"
+    assert by_d[64] == pytest.approx(2 * by_d[128], rel=0.02)
 
 
 def test_tile_for_sram_fills_m_with_four_tiles():
@@ -253,7 +278,7 @@ def test_too_big_a_tile_does_not_fit_and_says_why():
 
 def test_fits_all_covers_every_preset_and_small_machines_count_blocks_by_sram():
     res = sram.fits_all(sram.tile_budget(32, 32, 64, "float16"))
-    assert set(res) == set(iomodel.roofline.HARDWARE)
+    assert set(res) == set(roofline.HARDWARE)
     npu = res["edge_npu"]
     assert npu.blocks_per_unit == 256 * 1024 // sram.tile_budget(32, 32, 64, "float16").total_bytes
     assert sram.largest_square_tile(64, "float16", "riscv_manycore") == 64
@@ -264,3 +289,114 @@ def test_budget_rejects_bad_sizes_and_dtypes():
         sram.tile_budget(64, 0, 64)
     with pytest.raises(ValueError, match="dtype"):
         sram.tile_budget(64, 64, 64, "int4")
+
+
+# -- FLOPs of a masked problem: the visible pairs ------------------------------------
+
+def test_flops_count_the_visible_pairs_so_decode_counts_every_key():
+    assert iomodel.attention_flops(2, 3, 100, 300, 64) == 4 * 2 * 3 * 100 * 300 * 64
+    n = 512
+    assert iomodel.attention_flops(1, 1, n, n, 64, causal=True) == 4 * 64 * n * (n + 1) // 2  # about half
+    decode = iomodel.attention_flops(1, 1, 1, 4096, 128, causal=True)  # Nq = 1, bottom-right: sees all keys
+    assert decode == iomodel.attention_flops(1, 1, 1, 4096, 128) == 4 * 4096 * 128
+    top_left = iomodel.attention_flops(1, 1, 1, 4096, 128, causal=True, causal_align="top_left")
+    assert top_left == 4 * 1 * 128  # top-left: the one query sees key 0 only
+    window = iomodel.attention_flops(1, 1, 64, 64, 8, window_size=(3, 0))
+    assert window == 4 * 8 * sum(min(i, 3) + 1 for i in range(64))
+    assert iomodel.attention_flops(1, 1, 10, 10, 8, head_dim_v=4) == 2 * 10 * 10 * (8 + 4)
+
+
+@pytest.mark.parametrize("mask", MASKS + [dict(window_size=(0, 0))], ids=str)
+def test_visible_pairs_equal_the_reference_masks_count(mask):
+    spec = course_lib.api.AttentionOptions(softmax_scale=1.0, **mask).mask(37, 53)
+    expected = int(spec.visible(np.arange(37), np.arange(53)).sum())
+    assert iomodel.visible_pairs(37, 53, **mask) == expected
+
+
+# -- the third level: L2 ---------------------------------------------------------------
+
+H200 = dict(batch=2, heads=16, block_q=128, block_k=64)
+
+
+def test_the_two_level_count_is_what_issue_13_quotes_and_the_compulsory_traffic_is_qkvo_once():
+    at_4k = iomodel.levels(4096, 4096, 128, "float16", "h200", **H200)
+    assert at_4k.l2_bytes == pytest.approx(2.21e9, rel=0.01)  # the two-level count, chip <-> L2 + HBM
+    assert at_4k.compulsory_bytes == 4 * 2 * 16 * 4096 * 128 * 2  # Q, K, V, O once: 134 MB
+    assert at_4k.kv_fits_l2 and at_4k.hbm_bytes == at_4k.compulsory_bytes
+    at_16k = iomodel.levels(16384, 16384, 128, "float16", "h200", **H200)
+    assert at_16k.l2_bytes == pytest.approx(34.6e9, rel=0.01) and at_16k.compulsory_bytes == pytest.approx(537e6, rel=0.01)
+
+
+def test_the_measured_dram_and_l2_bytes_sit_near_the_l2_aware_and_two_level_predictions():
+    for point in iomodel.MEASURED_NCU:
+        lv = iomodel.levels(point["seqlen"], point["seqlen"], point["head_dim"], "float16", point["machine"],
+                            batch=point["batch"], heads=point["heads"], block_q=128, block_k=64)
+        assert lv.kv_fits_l2
+        assert 0.9 < point["dram_bytes"] / lv.hbm_bytes < 1.3  # HBM: close to compulsory, not to the 2-level count
+        assert point["dram_bytes"] < 0.1 * lv.l2_bytes
+        assert 1.0 < point["l2_bytes"] / lv.l2_bytes < 1.4  # L2: near the two-level count (it counts less)
+        assert point["kind"] == "measured" and point["date"]
+
+
+def test_k_and_v_stop_fitting_in_l2_with_long_sequences_many_heads_in_flight_or_a_small_l2():
+    assert not iomodel.levels(65536, 65536, 128, "float16", "h200", **H200).kv_fits_l2  # N
+    crowded = iomodel.levels(8192, 8192, 128, "float16", "h200", concurrent_blocks=264 * 8, **H200)
+    assert not crowded.kv_fits_l2 and crowded.heads_in_flight > 8  # heads in flight
+    # the same 6 heads in flight (48 MiB of K / V): too much for the A100's 40 MB of L2, not for the H100's 50
+    a100 = iomodel.levels(16384, 16384, 128, "float16", "a100_80gb", concurrent_blocks=600, **H200)
+    h100 = iomodel.levels(16384, 16384, 128, "float16", "h100_sxm", concurrent_blocks=600, **H200)
+    assert a100.kv_working_set == h100.kv_working_set == 6 * 16384 * 256 * 2
+    assert not a100.kv_fits_l2 and h100.kv_fits_l2
+    broken = iomodel.levels(65536, 65536, 128, "float16", "h200", **H200)
+    assert broken.hbm_bytes == broken.l2_bytes  # then every re-read is charged to HBM again
+    npu = iomodel.levels(4096, 4096, 64, "float16", "edge_npu", block_q=32, block_k=32)
+    assert not npu.kv_fits_l2 and npu.hbm_bytes == npu.l2_bytes  # no cache: the two-level model is exact
+
+
+def test_heads_in_flight_follow_the_blocks_in_flight_and_the_query_tiles_per_head():
+    lv = iomodel.levels(4096, 4096, 128, "float16", "h200", concurrent_blocks=64, **H200)
+    assert lv.blocks_per_head == 32 and lv.heads_in_flight == 3  # 64 consecutive blocks span at most 3 heads
+    one = iomodel.levels(4096, 4096, 128, "float16", "h200", concurrent_blocks=1, **H200)
+    assert one.heads_in_flight == 1
+    gqa = iomodel.levels(4096, 4096, 128, "float16", "h200", heads_k=2, concurrent_blocks=64 * 32, **H200)
+    assert gqa.heads_in_flight == 2 * 2  # only B x Hk distinct K / V heads exist
+    with pytest.raises(ValueError, match="concurrent_blocks"):
+        iomodel.levels(4096, 4096, 128, "float16", "h200", concurrent_blocks=0)
+
+
+def test_published_and_measured_speeds_beat_the_two_level_estimate_but_never_the_bound():
+    for point in roofline.ATTENTION_SPEEDS:
+        lv = iomodel.levels(point["seqlen"], point["seqlen"], point["head_dim"], point["dtype"], point["machine"],
+                            batch=point.get("batch", 2), heads=point.get("heads", 16), block_q=128, block_k=64)
+        b = roofline.attention_bounds(lv, point["machine"], point["dtype"])
+        assert point["tflops"] * 1e12 > b["two_level"].flops_per_s  # what was called "a bound" before
+        assert point["tflops"] * 1e12 <= b["bound"].flops_per_s  # the true one holds
+        assert point["kind"] in ("paper", "measured") and point["source"]
+
+
+# -- where the tensors live, and what spills ------------------------------------------------
+
+def test_128x128_at_d128_spills_only_at_4_warps():
+    budget = sram.tile_budget(128, 128, 128, "float16")
+    four, eight = sram.occupancy(budget, "h100_sxm", num_warps=4), sram.occupancy(budget, "h100_sxm", num_warps=8)
+    assert not four.fits and "spill" in four.reason  # 128 threads: more than 255 registers each
+    assert eight.fits and eight.registers_per_thread <= 255  # 256 threads share the same bytes
+
+
+def test_fa2_keeps_one_k_and_v_buffer_and_o_in_registers_fa3_reads_q_from_shared_memory():
+    fa2, fa3 = sram.PLACEMENT["fa2"], sram.PLACEMENT["fa3"]
+    assert "registers" in fa2["O"] and "shared memory" in fa2["O"]  # accumulated in registers, leaves through smem
+    assert "one buffer" in fa2["K"] and "one buffer" in fa2["V"] and "stages" not in fa2["pipelining"]
+    assert "registers" in fa2["Q"] and "warp" in fa2["Q"]  # each warp its own rows
+    assert "shared memory" in fa3["Q"] and "operand" in fa3["Q"]
+    assert "stages" in fa3["K"] and "stages" in fa3["pipelining"]
+    assert set(fa2) == set(fa3)
+
+
+def test_iomodel_is_the_model_and_keeps_its_old_names_for_what_moved_out():
+    from course_lib import counted
+
+    assert iomodel.run_counted is counted.run_counted and iomodel.Counted is counted.Counted
+    assert iomodel.time_bound is roofline.time_bound and iomodel.Bound is roofline.Bound
+    with pytest.raises(AttributeError, match="HBM"):
+        iomodel.HBM  # noqa: B018  (the counted memories live in course_lib.counted only)

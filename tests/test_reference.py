@@ -318,3 +318,149 @@ def _bad_calls():
 def test_bad_input_raises_an_error_naming_the_argument(name, call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# -- the NaN rule: a NaN output row gets a NaN lse ------------------------------------
+
+@pytest.mark.parametrize("impl", ["reference", "naive", "flash_numpy", "flash_numpy_fa1", "flash_numba_cpu"])
+def test_a_nan_in_v_reaches_rows_that_cannot_see_it_and_those_rows_get_a_nan_lse(impl):
+    from course_lib.kernels import flash_numpy
+
+    rng = np.random.default_rng(21)
+    q, k, v = make_qkv(rng, 1, 2, 2, 24, 24, 8, 4, np.float32)
+    v[0, 1, 5, 2] = np.nan  # key 5 of head 1; causal rows 0-4 cannot see it
+    options = dict(causal=True, block_q=8, block_k=8)
+    if impl == "flash_numpy_fa1":
+        out, lse = flash_numpy.attention_fa1(q, k, v, return_lse=True, **options)
+    else:
+        out, lse = course_lib.attention(q, k, v, impl=impl, return_lse=True, **options)
+    nan_rows = np.isnan(out).any(axis=-1)
+    assert nan_rows[0, 1, 5:].all() and not nan_rows[0, 0].any()  # rows that see key 5, and not the other head
+    # 0 * NaN: a tiled impl spreads it to the rows of the key's tile that cannot see it (rows 0-4 here) ...
+    if impl.startswith("flash"):
+        assert nan_rows[0, 1, :5].all()
+    # ... every impl: a NaN row has a NaN lse, never -inf or a number that looks healthy
+    assert np.array_equal(np.isnan(lse), nan_rows)
+
+
+def test_the_nan_rule_is_one_function_and_a_clean_row_keeps_its_lse():
+    from course_lib.reference import nan_lse_where_out_is_nan
+
+    out = np.array([[[0.0, 1.0], [np.nan, 2.0], [0.0, 0.0]]])
+    lse = np.array([[0.5, 1.5, -np.inf]], dtype=np.float32)
+    fixed = nan_lse_where_out_is_nan(out, lse)
+    assert fixed.dtype == np.float32
+    assert fixed[0, 0] == 0.5 and np.isnan(fixed[0, 1]) and np.isneginf(fixed[0, 2])
+
+
+# -- the tolerance rule: float32 grounded on naive float32 ----------------------------
+
+def _fa_softcap_inputs():
+    """FlashAttention's own softcap test inputs: softcap 50, q scaled by softcap / 4, causal."""
+    rng = np.random.default_rng(5)
+    q = (rng.standard_normal((1, 2, 64, 256)) * 12.5).astype(np.float32)
+    k = rng.standard_normal((1, 2, 1024, 256)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 1024, 256)).astype(np.float32)
+    return (q, k, v), dict(softcap=50.0, causal=True)
+
+
+def test_the_old_fixed_float32_bounds_rejected_a_correct_kernel_on_flashattentions_inputs():
+    (q, k, v), options = _fa_softcap_inputs()
+    out = course_lib.attention(q, k, v, impl="flash_numpy", **options)
+    expected = course_lib.attention(*(x.astype(np.float64) for x in (q, k, v)), **options)
+    old = checks.compare("flash", out, expected, atol=1e-5, rtol=1e-4)  # the fixed rule alone
+    assert not old.passed  # float32 itself is off by ~2e-5 here: naive float32 fails it too
+    assert not checks.compare("naive", course_lib.attention(q, k, v, impl="naive", **options), expected,
+                              atol=1e-5, rtol=1e-4).passed
+
+
+@pytest.mark.parametrize("impl", ["naive", "flash_numpy"])
+def test_correct_float32_kernels_pass_flashattentions_softcap_and_alibi_inputs(impl, capsys):
+    (q, k, v), options = _fa_softcap_inputs()
+    out, lse = course_lib.attention(q, k, v, impl=impl, return_lse=True, **options)
+    checks.check_attention(out, q, k, v, lse=lse, **options)
+    rng = np.random.default_rng(2)
+    q, k, v = make_qkv(rng, 2, 4, 4, 113, 203, 128, 128, np.float32)
+    alibi = dict(alibi_slopes=rng.uniform(0, 1, (2, 4)) * 0.3, causal=True, block_q=64, block_k=32)
+    out, lse = course_lib.attention(q, k, v, impl=impl, return_lse=True, **alibi)
+    checks.check_attention(out, q, k, v, lse=lse, **alibi)
+
+
+def _planted_mistakes():
+    """Wrong float32 answers a learner might write, each with the inputs that expose it."""
+    rng = np.random.default_rng(3)
+    q, k, v = make_qkv(rng, 1, 2, 2, 40, 56, 16, 16, np.float32)
+    ref = lambda **o: course_lib.attention(q, k, v, **o)  # noqa: E731  (float32 reference, then perturbed)
+    yield "no softmax scale", ref(softmax_scale=1.0), {}
+    yield "causal aligned top-left", ref(causal=True, causal_align="top_left"), dict(causal=True)
+    yield "window off by one", ref(window_size=(4, 0)), dict(window_size=(3, 0))
+    yield "softcap ignored", ref(), dict(softcap=2.0)
+    yield "last key tile dropped", course_lib.attention(q, k[:, :, :48], v[:, :, :48]), {}
+    yield "P rounded to float16", course_lib.attention(*(x.astype(np.float16) for x in (q, k, v))).astype(
+        np.float32), {}
+    yield "one row wrong by 1e-4", ref() + np.where(np.arange(16) == 3, 1e-4, 0).astype(np.float32), {}
+    return q, k, v
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_the_grounded_float32_rule_still_fails_every_planted_mistake(case, capsys):
+    rng = np.random.default_rng(3)
+    q, k, v = make_qkv(rng, 1, 2, 2, 40, 56, 16, 16, np.float32)
+    name, wrong, options = list(_planted_mistakes())[case]
+    expected = course_lib.attention(*(x.astype(np.float64) for x in (q, k, v)), **options)
+    assert not checks.compare(name, wrong, expected, atol=1e-5, rtol=1e-4).passed  # failed under the old rule
+    with pytest.raises(checks.CheckFailed):
+        checks.check_attention(wrong, q, k, v, name=name, **options)  # and fails under the new one
+
+
+def test_a_wrong_float32_lse_still_fails(capsys):
+    rng = np.random.default_rng(4)
+    q, k, v = make_qkv(rng, 1, 2, 2, 30, 30, 16, 16, np.float32)
+    out, lse = course_lib.attention(q, k, v, impl="flash_numpy", return_lse=True)
+    checks.check_attention(out, q, k, v, lse=lse)
+    with pytest.raises(checks.CheckFailed, match="lse"):
+        checks.check_attention(out, q, k, v, lse=lse + np.float32(1e-3))
+
+
+# -- conventions beside FlashAttention's -----------------------------------------------
+
+def test_fa2s_causal_alibi_adds_slope_times_j_same_output_lse_shifted_by_slope_times_i_plus_offset():
+    from course_lib import conventions
+
+    rng = np.random.default_rng(5)
+    nq, nk, slopes = 7, 12, np.array([0.25, 0.5])
+    q, k, v = make_qkv(rng, 1, 2, 2, nq, nk, 8, 8)
+    ours, lse = course_lib.attention(q, k, v, causal=True, alibi_slopes=slopes, return_lse=True)
+    # FA2's kernel form: scores + slope * j on the keys a row sees
+    i, j = np.arange(nq)[:, None], np.arange(nk)[None, :]
+    s = np.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(8) + slopes[None, :, None, None] * j
+    s = np.where(j <= i + nk - nq, s, -np.inf)
+    fa2_lse = np.log(np.exp(s).sum(-1))
+    fa2_out = np.einsum("bhij,bhjd->bhid", np.exp(s - fa2_lse[..., None]), v)
+    np.testing.assert_allclose(fa2_out, ours, atol=1e-12)  # identical outputs
+    np.testing.assert_allclose(conventions.fa2_causal_alibi_lse(lse, slopes, nq, nk), fa2_lse, atol=1e-12)
+    assert not np.allclose(lse, fa2_lse)  # the lse really differs
+
+
+def test_fully_masked_rows_lse_conventions_and_fa2s_window_and_head_dim_rules():
+    from course_lib import conventions
+
+    assert conventions.FULLY_MASKED_LSE["course_lib"] == conventions.FULLY_MASKED_LSE["FlashAttention-3"] == -math.inf
+    assert conventions.FULLY_MASKED_LSE["FlashAttention-2 kernel"] == math.inf
+    assert conventions.FULLY_MASKED_LSE["PyTorch CPU flash kernel"] == 0.0
+    _, lse = course_lib.attention(*make_qkv(np.random.default_rng(6), 1, 1, 1, 9, 4, 4, 4), causal=True,
+                                  return_lse=True)
+    assert np.isneginf(lse[0, 0, :5]).all()  # ours: -inf
+    # FA2 rewrites a side >= seqlen_k to unbounded: no change for Nq <= Nk, a different mask for Nq > Nk
+    for nq, nk, differs in ((8, 12, False), (12, 8, True)):
+        window = (nk + 2, nk)
+        rewritten = conventions.fa2_window(window, nq, nk)
+        assert rewritten == (-1, -1)
+        ours = course_lib.api.AttentionOptions(1.0, window_size=window).mask(nq, nk)
+        theirs = course_lib.api.AttentionOptions(1.0, window_size=rewritten).mask(nq, nk)
+        rows, cols = np.arange(nq), np.arange(nk)
+        assert (not np.array_equal(ours.visible(rows, cols), theirs.visible(rows, cols))) == differs
+    assert conventions.fa2_window((3, 5), 12, 8) == (3, 5)
+    assert [conventions.fa2_head_dim(d) for d in (1, 32, 33, 80, 128, 200, 256)] == [32, 32, 64, 96, 128, 224, 256]
+    with pytest.raises(ValueError, match="head_dim"):
+        conventions.fa2_head_dim(257)

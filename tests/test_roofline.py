@@ -27,7 +27,25 @@ def test_every_figure_of_a_preset_carries_a_source_and_a_kind(key):
         assert isinstance(fig, Figure), name
         assert fig.source.strip(), f"{key} {name} has no source"
         assert fig.kind in roofline.KINDS
-        assert fig.value > 0 and math.isfinite(fig.value)
+        assert (fig.value > 0 or name == "l2") and math.isfinite(fig.value)  # l2 0: no cache at all
+
+
+@pytest.mark.parametrize("key, l2_mib, tf32", [
+    ("h100_sxm", 50, 494.7), ("h200", 50, 494.7), ("a100_80gb", 40, 156), ("rtx_4090", 72, 82.6), ("l4", 48, 60),
+])
+def test_every_gpu_preset_has_its_l2_size_and_its_dense_tf32_roof_with_sources(key, l2_mib, tf32):
+    hw = roofline.HARDWARE[key]
+    assert float(hw.l2) == l2_mib * 1024 ** 2 and "L2" in hw.l2.source and hw.l2.kind == DATASHEET
+    assert hw.peak("tf32") == pytest.approx(tf32 * TERA) and "TF32" in hw.peak_flops["tfloat32"].source
+    assert hw.peak("tfloat32") >= hw.peak("float32")  # the RTX 4090 is the one whose TF32 only matches FP32
+    assert hw.rate_dtype("float32") == "float32"  # float32 math stays off the tensor cores unless asked
+
+
+@pytest.mark.parametrize("key", ["laptop_cpu", "edge_npu", "riscv_manycore"])
+def test_illustrative_presets_say_they_have_no_tf32_and_what_sits_between_sram_and_dram(key):
+    hw = roofline.HARDWARE[key]
+    assert hw.l2 is not None and hw.l2.kind == ILLUSTRATIVE
+    assert hw.peak("tfloat32") == hw.peak("float32") and "no TF32" in hw.peak_flops["tfloat32"].source
 
 
 @pytest.mark.parametrize("key, dtype, flops, bandwidth, smem_kib, sms", [
@@ -109,6 +127,9 @@ def test_preset_table_lists_every_preset_with_its_kind():
     for hw in roofline.HARDWARE.values():
         assert hw.name in text
     assert "datasheet" in text and "illustrative" in text
+    h100 = next(r for r in roofline.preset_table("float16") if r["key"] == "h100_sxm")
+    assert (h100["l2_mib"], h100["tf32_tflops"]) == (50, pytest.approx(494.7))
+    assert "L2 MiB" in text and "TF32" in text
 
 
 def fake_measurement(**changes):

@@ -133,3 +133,15 @@ def test_roofline_twin_draws_both_machines_and_the_points(measurement):
 def test_roofline_numbers_rejects_an_unknown_view(measurement):
     with pytest.raises(ValueError, match="show"):
         widgets.roofline_numbers(show="all", measurement=measurement)
+
+
+def test_roofline_explorer_shows_the_l2_aware_bound_beside_the_two_level_estimate(measurement):
+    r = widgets.roofline_numbers("h200", seqlen=8192, head_dim=128, dtype="float16", measurement=measurement)
+    assert r.flash_levels == iomodel.levels(8192, 8192, 128, "float16", "h200", block_q=128, block_k=64)
+    assert r.flash_hbm_bound == roofline.attention_bounds(r.flash_levels, "h200", "float16")["bound"]
+    assert r.flash_hbm_bound.flops_per_s > r.bounds["fa2"].flops_per_s  # compulsory bytes: the higher, true roof
+    assert "true bound" in r.summary() and "two-level" in r.summary()
+    npu = widgets.roofline_numbers("edge_npu", measurement=measurement)
+    assert not npu.flash_levels.kv_fits_l2  # no cache: its HBM traffic is the two-level count
+    tile = widgets.tile_size_numbers(block_q=128, block_k=64, head_dim=128, hardware="h200", seqlen=8192)
+    assert tile.flash_levels.hbm_bytes == tile.flash_levels.compulsory_bytes and "HBM for FA2" in tile.summary()

@@ -43,6 +43,7 @@ except ModuleNotFoundError:  # an optional package missing: the impl is unavaila
     numba = None
 
 from .. import rules
+from ..reference import nan_lse_where_out_is_nan
 from . import launch as host
 
 DEFAULT_BLOCK_Q = 64
@@ -250,6 +251,10 @@ def flash_forward(q, k, v, opts, mask):
                        launch.round_min_exponent, launch.acc_dtype == np.float32, out, lse)
     except numba.core.errors.NumbaError as error:
         raise RuntimeError(f"flash_numba_cpu failed to compile for {qa.dtype} inputs: {error}") from error
+    # The NaN rule, on the host like every impl: a NaN in V reaches rows that
+    # cannot see its key through 0 * NaN, and such a row must not report an lse
+    # that looks healthy.
+    lse = nan_lse_where_out_is_nan(out, lse)
     return out.astype(q.dtype, copy=False), lse.astype(rules.lse_dtype(q.dtype), copy=False)
 
 

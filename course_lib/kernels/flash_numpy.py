@@ -1,192 +1,284 @@
 """impl ``flash_numpy``: the tiled FlashAttention forward, in numpy.
 
-Chapter 05's kernel.  S = Q K^T is never materialised: it is computed a tile
-of Br query rows by Bc keys at a time, and chapter 04's online softmax folds
-each tile into a running (m, l, O).  Names are the paper's:
+Chapter 05's kernel, and the one tiled forward of the course: the counted
+kernel of chapter 03 (``course_lib.counted``) runs these same loops with a
+memory that counts every byte, so the counts, the outputs and the errors shown
+anywhere in the course come from this code.
+
+S = Q K^T is never materialised: it is computed a tile of Br query rows by Bc
+keys at a time, and chapter 04's online softmax folds each tile into a running
+(m, l, O).  Names are the paper's:
 
     Tr, Tc   number of query tiles and of key/value tiles
     Br, Bc   rows per query tile (block_q), keys per key/value tile (block_k)
-    Qi, Kj, Vj, Sij, Pij    the tiles
+    Qi, Kj, Vj, Sij    the tiles
     m, l, Oi the running row max, row sum and (unnormalised) output of tile i
 
 Two loop orders, both here so that a reader can compare them:
 
 - ``fa2`` (FlashAttention-2, the default): outer loop over query tiles, inner
-  over key/value tiles.  (m, l, Oi) stay in "SRAM" (local variables) for the
-  whole inner loop; Oi is divided by l once, at the end, and Oi and lse are
-  written once.
+  over key/value tiles.  (m, l, Oi) stay on chip for the whole inner loop; Oi
+  is divided by l once, at the end, and Oi and lse are written once.
 - ``fa1`` (FlashAttention-1, Algorithm 1 of the paper): outer loop over
-  key/value tiles, inner over query tiles.  O, l and m live in "HBM" (full-size
-  arrays) and every step reads Oi, li, mi back, rescales, divides by the new l
-  and writes them out again.
+  key/value tiles, inner over query tiles.  O, l and m live in HBM and every
+  step reads Oi, li, mi back, rescales, divides by the new l and writes them.
+  The O scratch is kept in the accumulation dtype (FA1's CUDA code keeps a
+  float32 ``o_tmp`` for the same reason: Tc roundings would pile up); at
+  float16 / bfloat16 a last pass converts it to the output dtype.
 
 Every (batch, head) pair is computed at once (the leading axes of each tile):
 those are the loops a GPU spreads over thread blocks.  Masks come tile by tile
 from ``course_lib.masks``: a tile no query sees is skipped, a tile every query
 sees fully needs no elementwise mask, only the ``partial`` ones do.
 
-Precision: tiles are loaded in the input dtype; Q K^T and P V accumulate in
-float32 (float64 for float64 input); at float16 / bfloat16 P is rounded to the
-input dtype before P V, as a GPU kernel feeds its matrix unit; the output is
-rounded to the input dtype at the end.  FA1's O scratch in HBM is kept in the
-accumulation dtype so that Tc roundings do not pile up.
+Every load from and store to a full-size array ("HBM"), and every buffer the
+tile holds on chip ("SRAM"), goes through a ``Memory``.  The default one
+(``Memory``) counts bytes per tensor into the ``TileStats`` of the call; the
+counted kernel passes one that also tracks the on-chip peak.
+
+Precision (``precision``): tiles are loaded in the input dtype; Q K^T and P V
+accumulate in ``acc_dtype`` (float32, float64 for float64 input); at float16 /
+bfloat16 P is rounded to the input dtype before P V, as a GPU kernel feeds its
+matrix unit; the output is rounded to the input dtype when it is stored.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
 from .. import api
-from ..masks import EMPTY, PARTIAL, MaskSpec, tile_ranges
+from ..masks import EMPTY, FULL, PARTIAL, MaskSpec, tile_ranges
 from ..online_softmax import finalize, init_state, online_update
-from ..reference import LOW_PRECISION, kv_head_index, lse_dtype, safe_max, tile_scores
+from ..reference import LOW_PRECISION, kv_head_index, lse_dtype, nan_lse_where_out_is_nan, safe_max, tile_scores
 
+# The tile sizes every tiled schedule of the course uses when none is given:
+# flash_numpy, the counted kernel and the IO model read them from here.
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
 LOOP_ORDERS = ("fa2", "fa1")
 
 
-@dataclass
-class TileStats:
-    """What one forward pass did, tile by tile.
-
-    ``computed``: tiles of S computed; ``skipped``: tiles no query sees (not
-    loaded at all); ``masked``: computed tiles that needed the elementwise mask.
-    ``hbm_read`` / ``hbm_write``: bytes of Q, K, V, O, l, m and lse moved
-    between the full-size arrays ("HBM") and the tiles ("SRAM"), summed over
-    every (batch, query head), counted where the loops load and store them.
-    They follow ``course_lib.iomodel``'s conventions (with ``return_lse``) and
-    equal its model exactly for float32 and float64; at float16 / bfloat16
-    FA1's O traffic counts 4 bytes an element, because this kernel keeps that
-    scratch in float32 where the model counts the input dtype.
-    """
-
-    computed: int = 0
-    skipped: int = 0
-    masked: int = 0
-    hbm_read: int = 0
-    hbm_write: int = 0
-
-    @property
-    def hbm_bytes(self) -> int:
-        return self.hbm_read + self.hbm_write
-
-
-last_stats = TileStats()  # the stats of the latest attention_forward (one dense call)
-
-
 def precision(dtype):
-    """(accumulation dtype, dtype P is rounded to before P V, or None)."""
+    """(acc_dtype, the dtype P is rounded to before P V or None): the dtype rules of the tiled forward."""
     dtype = np.dtype(dtype)
     if dtype.name in LOW_PRECISION:
         return np.dtype(np.float32), dtype
     return dtype, None
 
 
-def flash_forward(q, k, v, opts, mask: MaskSpec, loop_order="fa2", stats: TileStats | None = None):
+def buffer_names(dtype) -> tuple:
+    """Names of the two low-precision conversion buffers, as ``sram.tile_budget`` lists them."""
+    name = np.dtype(dtype).name
+    return f"P in {name}", f"O out in {name}"
+
+
+@dataclass
+class TileStats:
+    """What one forward call did, tile by tile.
+
+    ``computed``: tiles of S computed; ``skipped``: tiles no query sees (not
+    loaded at all); ``masked``: computed tiles that needed the elementwise mask.
+    ``reads`` / ``writes``: bytes per tensor (Q, K, V, O, m, l, lse) moved
+    between the full-size arrays ("HBM") and the tiles, summed over every
+    (batch, query head); ``flops`` and ``exps``: the matmul FLOPs and the score
+    exponentials of the computed tiles.  These follow ``course_lib.iomodel``'s
+    conventions (with ``return_lse``) and equal its model exactly.
+    """
+
+    computed: int = 0
+    skipped: int = 0
+    masked: int = 0
+    flops: int = 0
+    exps: int = 0
+    reads: Counter = field(default_factory=Counter)
+    writes: Counter = field(default_factory=Counter)
+
+    @property
+    def hbm_read(self) -> int:
+        return sum(self.reads.values())
+
+    @property
+    def hbm_write(self) -> int:
+        return sum(self.writes.values())
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.hbm_read + self.hbm_write
+
+
+class Memory:
+    """HBM as the tiled forward sees it: loads and stores counted per tensor; on-chip buffers not tracked."""
+
+    def __init__(self, stats: TileStats):
+        self.stats = stats
+
+    def load(self, name, array, index):
+        """Bring ``array[index]`` onto the chip, counting its bytes as a read of ``name``."""
+        tile = array[index]
+        self.stats.reads[name] += tile.nbytes
+        return tile
+
+    def store(self, name, array, index, value):
+        """Write ``value`` into ``array[index]`` in that array's dtype, counting its bytes."""
+        array[index] = value
+        self.stats.writes[name] += array[index].nbytes
+
+    def hold(self, name, value):
+        """Register an on-chip buffer (the counted kernel tracks its bytes; this memory does not)."""
+        return value
+
+    def reserve(self, name, shape, dtype):
+        """Register an on-chip buffer by its shape and dtype, without making it (P rounded for P V)."""
+
+    def free(self, *names):
+        """The buffers ``names`` are dead."""
+
+
+# -- the loop bodies: one query tile against one key tile ---------------------------
+
+def _count_tile(stats, Qi, Kj, Vj, kind):
+    batch_heads, rows, d = int(np.prod(Qi.shape[:-2])), Qi.shape[-2], Qi.shape[-1]
+    cols, dv = Kj.shape[-2], Vj.shape[-1]
+    stats.computed += 1
+    stats.masked += kind == PARTIAL
+    stats.flops += 2 * batch_heads * rows * cols * (d + dv)
+    stats.exps += batch_heads * rows * cols
+
+
+def _scores(mem, Qi, Kj, opts, mask, r0, r1, c0, c1, kind, acc_dtype):
+    """Sij for query rows [r0, r1) and keys [c0, c1), held on chip; the mask only on tiles that need it."""
+    Sij = tile_scores(Qi, Kj, opts, mask, np.arange(r0, r1), np.arange(c0, c1), acc_dtype,
+                      masked=kind != FULL)
+    return mem.hold("S / P tile", Sij)
+
+
+def _visit(mask, r0, r1, c0, c1, skip_empty_tiles):
+    """The tile's kind, or None when it is skipped: empty tiles are never loaded."""
+    kind = mask.tile_kind(r0, r1, c0, c1)
+    return None if kind == EMPTY and skip_empty_tiles else kind
+
+
+def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True, return_lse=True):
+    B, H, Nq, _ = q.shape
+    Dv = v.shape[3]
+    acc_dtype, p_dtype = precision(q.dtype)
+    P_LOW, O_LOW = buffer_names(q.dtype)
+    kv = kv_head_index(H, k.shape[1])  # the K/V head each query head reads (GQA / MQA)
+    O = np.zeros((B, H, Nq, Dv), dtype=q.dtype)
+    L = np.full((B, H, Nq), -np.inf, dtype=lse_dtype(q.dtype))
+    for r0, r1 in tile_ranges(Nq, Br):                               # outer: the Tr query tiles
+        Qi = mem.hold("Q tile", mem.load("Q", q, np.s_[:, :, r0:r1]))  # (B, H, Br, D)
+        m, l, Oi = init_state((B, H, r1 - r0), Dv, acc_dtype)       # on chip for the whole inner loop
+        mem.hold("m (row max)", m), mem.hold("l (row sum)", l), mem.hold("O accumulator", Oi)
+        for c0, c1 in tile_ranges(mask.seqlen_k, Bc):                # inner: the Tc key/value tiles
+            kind = _visit(mask, r0, r1, c0, c1, skip_empty_tiles)
+            if kind is None:
+                stats.skipped += 1
+                continue
+            Kj = mem.hold("K tile", mem.load("K", k, np.s_[:, kv, c0:c1]))  # (B, H, Bc, D)
+            Vj = mem.hold("V tile", mem.load("V", v, np.s_[:, kv, c0:c1]))  # (B, H, Bc, Dv)
+            Sij = _scores(mem, Qi, Kj, opts, mask, r0, r1, c0, c1, kind, acc_dtype)
+            if p_dtype is not None:
+                mem.reserve(P_LOW, Sij.shape, p_dtype)              # P rounded for the P V matmul
+            m, l, Oi, _ = online_update(m, l, Oi, Sij, Vj, p_dtype)  # rescale, then add Pij Vj
+            _count_tile(stats, Qi, Kj, Vj, kind)
+            mem.free("S / P tile", P_LOW)
+        out, lse = finalize(m, l, Oi)                                # divide by l once, at the end
+        if p_dtype is not None:
+            out = mem.hold(O_LOW, out.astype(q.dtype))
+        mem.store("O", O, np.s_[:, :, r0:r1], out)                   # write Oi and lse_i once
+        if return_lse:
+            mem.store("lse", L, np.s_[:, :, r0:r1], lse)
+        mem.free("Q tile", "K tile", "V tile", "m (row max)", "l (row sum)", "O accumulator", O_LOW)
+    return O, L
+
+
+def _forward_fa1(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True, return_lse=True):
+    B, H, Nq, _ = q.shape
+    Dv = v.shape[3]
+    acc_dtype, p_dtype = precision(q.dtype)
+    P_LOW, O_LOW = buffer_names(q.dtype)
+    kv = kv_head_index(H, k.shape[1])
+    row_tiles, col_tiles = tile_ranges(Nq, Br), tile_ranges(mask.seqlen_k, Bc)
+    # Algorithm 1, line 2: O, l and m live in HBM for the whole pass, written once to 0, 0, -inf
+    O = np.empty((B, H, Nq, Dv), dtype=acc_dtype)
+    l = np.empty((B, H, Nq), dtype=acc_dtype)
+    m = np.empty((B, H, Nq), dtype=acc_dtype)
+    everything = np.s_[:, :, :]
+    mem.store("O", O, everything, 0)
+    mem.store("l", l, everything, 0)
+    mem.store("m", m, everything, -np.inf)
+    for c0, c1 in col_tiles:                                         # outer: the Tc key/value tiles
+        kinds = [_visit(mask, r0, r1, c0, c1, skip_empty_tiles) for r0, r1 in row_tiles]
+        if all(kind is None for kind in kinds):
+            stats.skipped += len(kinds)
+            continue
+        Kj = mem.hold("K tile", mem.load("K", k, np.s_[:, kv, c0:c1]))  # once per outer step
+        Vj = mem.hold("V tile", mem.load("V", v, np.s_[:, kv, c0:c1]))
+        for (r0, r1), kind in zip(row_tiles, kinds):                 # inner: the Tr query tiles
+            if kind is None:
+                stats.skipped += 1
+                continue
+            rows = np.s_[:, :, r0:r1]
+            Qi = mem.hold("Q tile", mem.load("Q", q, rows))          # load Qi, Oi, li, mi
+            Oi = mem.hold("O accumulator", mem.load("O", O, rows))
+            li = mem.hold("l (row sum)", mem.load("l", l, rows))
+            mi = mem.hold("m (row max)", mem.load("m", m, rows))
+            Sij = _scores(mem, Qi, Kj, opts, mask, r0, r1, c0, c1, kind, acc_dtype)
+            if p_dtype is not None:
+                mem.reserve(P_LOW, Sij.shape, p_dtype)
+            # O is kept normalised in HBM (the paper's form): undo the old 1/l, fold the tile in
+            # with chapter 04's update, divide by the new l
+            m_new, l_new, numer, _ = online_update(mi, li, li[..., None] * Oi, Sij, Vj, p_dtype)
+            mem.store("O", O, rows, numer / np.where(l_new > 0, l_new, 1)[..., None])
+            mem.store("l", l, rows, l_new)
+            mem.store("m", m, rows, m_new)
+            _count_tile(stats, Qi, Kj, Vj, kind)
+            mem.free("Q tile", "O accumulator", "l (row sum)", "m (row max)", "S / P tile", P_LOW)
+        mem.free("K tile", "V tile")
+    # a last pass per query tile: lse = m + log l, and (low precision) O converted to the output dtype
+    out = O if p_dtype is None else np.zeros((B, H, Nq, Dv), dtype=q.dtype)
+    L = np.full((B, H, Nq), -np.inf, dtype=lse_dtype(q.dtype))
+    for r0, r1 in row_tiles:
+        rows = np.s_[:, :, r0:r1]
+        if p_dtype is not None:
+            Oi = mem.hold("O accumulator", mem.load("O", O, rows))
+            mem.store("O", out, rows, mem.hold(O_LOW, Oi.astype(q.dtype)))
+        if return_lse:
+            mi, li = mem.hold("m (row max)", mem.load("m", m, rows)), mem.hold("l (row sum)", mem.load("l", l, rows))
+            with np.errstate(divide="ignore"):
+                lse = np.where(li > 0, safe_max(mi) + np.log(np.where(li > 0, li, 1)), -np.inf)
+            mem.store("lse", L, rows, nan_lse_where_out_is_nan(O[rows], lse))  # the flag, not a load
+        mem.free("O accumulator", O_LOW, "m (row max)", "l (row sum)")
+    return out.astype(q.dtype, copy=False), L
+
+
+LOOPS = {"fa2": _forward_fa2, "fa1": _forward_fa1}
+
+
+def flash_forward(q, k, v, opts, mask: MaskSpec, loop_order="fa2", stats: TileStats | None = None, *,
+                  mem=None, skip_empty_tiles=True, return_lse=True):
     """The tiled forward for validated dense inputs: (out in q's dtype, lse).
 
     q: (B, H, Nq, D); k: (B, Hk, Nk, D); v: (B, Hk, Nk, Dv).  ``stats``, when
-    given, is filled with the tile counts and HBM traffic.
+    given, is filled with the tile counts and HBM traffic of this call;
+    ``mem`` replaces the default counting ``Memory`` (the counted kernel's).
     """
     if loop_order not in LOOP_ORDERS:
         raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {loop_order!r}")
     Br = opts.block_q or DEFAULT_BLOCK_Q
     Bc = opts.block_k or DEFAULT_BLOCK_K
     stats = TileStats() if stats is None else stats
-    loop = _forward_fa2 if loop_order == "fa2" else _forward_fa1
-    return loop(q, k, v, opts, mask, Br, Bc, stats)
-
-
-def _forward_fa2(q, k, v, opts, mask, Br, Bc, stats):
-    B, H, Nq, _ = q.shape
-    Dv = v.shape[3]
-    acc, p_dtype = precision(q.dtype)
-    kv = kv_head_index(H, k.shape[1])  # the K/V head each query head reads (GQA / MQA)
-    O = np.zeros((B, H, Nq, Dv), dtype=q.dtype)
-    L = np.full((B, H, Nq), -np.inf, dtype=lse_dtype(q.dtype))
-    row_tiles, col_tiles = tile_ranges(Nq, Br), tile_ranges(mask.seqlen_k, Bc)  # Tr, Tc tiles
-    for r0, r1 in row_tiles:                              # outer: query tiles
-        rows = np.arange(r0, r1)
-        Qi = q[:, :, r0:r1]                               # load Qi  (B, H, Br, D)
-        stats.hbm_read += Qi.nbytes
-        m, l, Oi = init_state((B, H, r1 - r0), Dv, acc)  # on chip for the whole inner loop
-        for c0, c1 in col_tiles:                          # inner: key/value tiles
-            kind = mask.tile_kind(r0, r1, c0, c1)
-            if kind == EMPTY:
-                stats.skipped += 1
-                continue
-            Kj, Vj = k[:, kv, c0:c1], v[:, kv, c0:c1]     # load Kj, Vj  (B, H, Bc, D / Dv)
-            stats.hbm_read += Kj.nbytes + Vj.nbytes
-            Sij = tile_scores(Qi, Kj, opts, mask, rows, np.arange(c0, c1), acc, masked=kind == PARTIAL)
-            m, l, Oi, _ = online_update(m, l, Oi, Sij, Vj, p_dtype)  # rescale, then add Pij Vj
-            stats.computed += 1
-            stats.masked += kind == PARTIAL
-        out, lse = finalize(m, l, Oi)                     # divide by l once, at the end
-        O[:, :, r0:r1] = out.astype(q.dtype)              # write Oi and lse_i once
-        L[:, :, r0:r1] = lse
-        stats.hbm_write += O[:, :, r0:r1].nbytes + L[:, :, r0:r1].nbytes
-    return O, L
-
-
-def _forward_fa1(q, k, v, opts, mask, Br, Bc, stats):
-    B, H, Nq, _ = q.shape
-    Dv = v.shape[3]
-    acc, p_dtype = precision(q.dtype)
-    kv = kv_head_index(H, k.shape[1])
-    # O, l and m live in HBM for the whole pass: written once to 0, 0, -inf, then
-    # read and written back at every step.
-    O = np.zeros((B, H, Nq, Dv), dtype=acc)
-    l = np.zeros((B, H, Nq), dtype=acc)
-    m = np.full((B, H, Nq), -np.inf, dtype=acc)
-    stats.hbm_write += O.nbytes + l.nbytes + m.nbytes
-    row_tiles, col_tiles = tile_ranges(Nq, Br), tile_ranges(mask.seqlen_k, Bc)
-    for c0, c1 in col_tiles:                              # outer: key/value tiles
-        kinds = [mask.tile_kind(r0, r1, c0, c1) for r0, r1 in row_tiles]
-        if all(kind == EMPTY for kind in kinds):
-            stats.skipped += len(kinds)
-            continue
-        Kj, Vj = k[:, kv, c0:c1], v[:, kv, c0:c1]         # load Kj, Vj once per outer step
-        stats.hbm_read += Kj.nbytes + Vj.nbytes
-        for (r0, r1), kind in zip(row_tiles, kinds):      # inner: query tiles
-            if kind == EMPTY:
-                stats.skipped += 1
-                continue
-            rows = np.arange(r0, r1)
-            Qi = q[:, :, r0:r1]                           # load Qi, Oi, li, mi
-            Oi, li, mi = O[:, :, r0:r1], l[:, :, r0:r1], m[:, :, r0:r1]
-            stats.hbm_read += Qi.nbytes + Oi.nbytes + li.nbytes + mi.nbytes
-            Sij = tile_scores(Qi, Kj, opts, mask, rows, np.arange(c0, c1), acc, masked=kind == PARTIAL)
-            # the tile's own softmax statistics: m~ij, P~ij, l~ij
-            mij = np.max(Sij, axis=-1)
-            Pij = np.exp(Sij - safe_max(mij)[..., None])
-            lij = np.sum(Pij, axis=-1)
-            # merge them into the running ones: both sides rescaled to m_new
-            m_new = np.maximum(mi, mij)
-            shift = safe_max(m_new)
-            alpha, beta = np.exp(mi - shift), np.exp(mij - shift)  # 0 for a side that saw nothing
-            l_new = alpha * li + beta * lij
-            PVij = (Pij if p_dtype is None else Pij.astype(p_dtype).astype(acc)) @ Vj.astype(acc)
-            numer = (li * alpha)[..., None] * Oi + beta[..., None] * PVij
-            Oi_new = numer / np.where(l_new > 0, l_new, 1)[..., None]  # O is kept normalised
-            O[:, :, r0:r1], l[:, :, r0:r1], m[:, :, r0:r1] = Oi_new, l_new, m_new  # write back
-            stats.hbm_write += Oi.nbytes + li.nbytes + mi.nbytes
-            stats.computed += 1
-            stats.masked += kind == PARTIAL
-    with np.errstate(divide="ignore"):
-        lse = np.where(l > 0, safe_max(m) + np.log(np.where(l > 0, l, 1)), -np.inf)
-    stats.hbm_write += lse.astype(lse_dtype(q.dtype)).nbytes  # lse from l and m, one more pass
-    stats.hbm_read += l.nbytes + m.nbytes
-    return O.astype(q.dtype), lse.astype(lse_dtype(q.dtype))
+    mem = Memory(stats) if mem is None else mem
+    return LOOPS[loop_order](q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles, return_lse)
 
 
 def attention_forward(q, k, v, opts, mask):
-    """impl ``flash_numpy`` (FA2 loop order); its tile stats land in ``last_stats``."""
-    global last_stats
-    last_stats = TileStats()
-    return flash_forward(q, k, v, opts, mask, "fa2", last_stats)
+    """impl ``flash_numpy``: the FA2 loop order (``tile_stats`` runs it and returns its counts)."""
+    return flash_forward(q, k, v, opts, mask, "fa2")
 
 
 def attention_fa1(q, k, v, **options):
@@ -204,3 +296,11 @@ def tile_stats(q, k, v, loop_order="fa2", **options) -> TileStats:
     stats = TileStats()
     api.call_forward(partial(flash_forward, loop_order=loop_order, stats=stats), q, k, v, **options)
     return stats
+
+
+def run_with_stats(q, k, v, loop_order="fa2", **options):
+    """(out, lse, TileStats) of one call: the output and the counts of the same run."""
+    stats = TileStats()
+    out, lse = api.call_forward(partial(flash_forward, loop_order=loop_order, stats=stats), q, k, v,
+                                return_lse=True, **options)
+    return out, lse, stats
