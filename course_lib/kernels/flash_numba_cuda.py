@@ -49,6 +49,7 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unav
     numba = None
 
 from .. import rules
+from ..reference import nan_lse_where_out_is_nan
 from . import launch as host
 
 # Br: threads per block, one per query row; Bc: keys per shared-memory tile.
@@ -256,7 +257,10 @@ def flash_forward(q, k, v, opts, mask):
         d_out, d_lse = cuda.device_array_like(out), cuda.device_array_like(lse)
         p.kernel[p.griddim, p.blockdim](*device_args, d_out, d_lse)
         out, lse = d_out.copy_to_host(), d_lse.copy_to_host()
-    return out, lse
+    # The NaN rule, on the host like every impl: a NaN in V reaches rows that
+    # cannot see its key through 0 * NaN, and such a row must not report an
+    # lse that looks healthy.
+    return out, nan_lse_where_out_is_nan(out, lse)
 
 
 attention_forward = flash_forward
