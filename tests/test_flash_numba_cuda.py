@@ -204,6 +204,6 @@ def test_numba_s_own_simulator_runs_the_same_kernel():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
                             timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-2:] == [
-        "PASS attention (float32, q 1x4x11x6, k/v 1x2x9x6/1x2x9x6, causal): out and lse within atol 1e-05, "
-        "rtol 0.0001", "numba simulator"]
+    verdict, runner = result.stdout.splitlines()[-2:]
+    assert verdict.startswith("PASS attention (float32, q 1x4x11x6, k/v 1x2x9x6/1x2x9x6, causal): out and lse within")
+    assert runner == "numba simulator"
