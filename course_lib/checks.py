@@ -32,7 +32,7 @@ from . import api
 from .kernels import naive
 from .reference import LOW_PRECISION, attention_math
 
-# (atol, rtol) per dtype of the answer.  float32 leaves room for a different
+# (atol, rtol) per dtype the answer is asked for (never the dtype it comes in).  float32 leaves room for a different
 # summation order over a few thousand keys; float64 for the same in double.
 TOLERANCE = {
     "float64": (1e-10, 1e-9),
@@ -148,9 +148,14 @@ def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", 
     return Verdict(False, f"FAIL {name}: {int(bad.sum())} of {bad.size} elements differ", "\n".join(lines))
 
 
-def check_close(name, actual, expected, *, atol=None, rtol=None, block_q=64) -> None:
-    """Check an array elementwise against the expected one (compute that in float64)."""
-    dtype = np.asarray(actual).dtype
+def check_close(name, actual, expected, *, dtype=None, atol=None, rtol=None, block_q=64) -> None:
+    """Check an array elementwise against the expected one (compute that in float64).
+
+    The tolerance is that of ``dtype``, the dtype the exercise asks for
+    (default: the expected array's), never that of the answer: a float16
+    answer to a float32 case is held to float32's bounds.
+    """
+    dtype = np.dtype(np.asarray(expected).dtype if dtype is None else dtype)
     default_atol, default_rtol = tolerance(dtype if dtype.kind == "f" or dtype.name == "bfloat16" else np.float64)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol

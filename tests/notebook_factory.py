@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from course_lib import authoring
+from course_lib.grading import authoring
 
 REPO = Path(__file__).resolve().parent.parent
 SYNTHETIC = "90_synthetic"
@@ -65,10 +65,10 @@ def synthetic_solution(exercise_set=SYNTHETIC):
         new_markdown_cell("## Exercise 1.3: bytes of S in float64", id="ex13-text"),
         _answer("ex13-answer", "1.3",
                 "### BEGIN SOLUTION\n"
-                "n_bytes = 8 * q.shape[0] * k.shape[0]\n"
+                "n_bytes = 8 * 4 * 5  # S is (4, 5) in float64\n"
                 "### END SOLUTION"),
         _check("ex13-check", "1.3", 1,
-               'checks.check_value("1.3 bytes of S", n_bytes, 8 * 4 * 5)'),
+               'checks.check_value("1.3 bytes of S", n_bytes, 8 * q.shape[0] * k.shape[0])'),
     ]
     nb = new_notebook(cells=cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},

@@ -7,8 +7,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_output
 
 import notebook_factory as nf
-from course_lib import authoring
-from course_lib.authoring import AuthoringError, make_exercise, stub_source
+from course_lib.grading import authoring
+from course_lib.grading.authoring import AuthoringError, make_exercise, stub_source
 
 REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
 
@@ -101,11 +101,18 @@ def _broken(edit):
     (lambda nb: nf.cell(nb, "ex11-answer").update(source="def scores(q, k):\n    return q @ k.T"),
      "without '### BEGIN SOLUTION'"),
     (lambda nb: nb.metadata.course.update(exercise_set="other"), "exercise_set"),
+    (lambda nb: nf.cell(nb, "setup").metadata.update(tags=["setup"]), "has no course_lib"),
 ])
 def test_broken_solutions_are_rejected_with_a_clear_error(edit, message):
     with pytest.raises(AuthoringError) as err:
         make_exercise(_broken(edit), "solutions/90_synthetic.ipynb")
     assert message in str(err.value)
+
+
+def test_a_setup_cell_of_plain_imports_is_accepted():
+    nb = nf.synthetic_solution()
+    nb.cells.insert(1, new_code_cell("import math\nimport numpy as np", id="setup-answers", metadata={"tags": ["setup"]}))
+    make_exercise(nb, "solutions/90_synthetic.ipynb")
 
 
 def test_generating_twice_gives_the_same_bytes_ending_in_a_newline(tmp_path):

@@ -3,7 +3,7 @@
 That is what makes nbval a grader: a learner who changes nothing scores
 nothing, and a failure elsewhere (a setup cell, a plot after the checks) would
 mean the student copy does not run the way the solution does.  Each notebook
-runs under nbval in a subprocess, with course_lib.nbval_record saying which
+runs under nbval in a subprocess, with course_lib.grading.nbval_record saying which
 cells failed and why.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ REAL_EXERCISES = sorted((nf.REPO / "exercises").glob("*.ipynb"))
 
 def cell_outcomes(notebook: Path, records: Path) -> dict:
     """{cell id: end record} from running ``notebook`` under nbval with the course's sanitize rules."""
-    cmd = [sys.executable, "-m", "pytest", str(notebook), "-p", "course_lib.nbval_record", "-p", "nbval.plugin",
+    cmd = [sys.executable, "-m", "pytest", str(notebook), "-p", "course_lib.grading.nbval_record", "-p", "nbval.plugin",
            "-p", "no:cacheprovider", "--nbval", "--nbval-current-env", "--nbval-cell-timeout=600",
            "--nbval-sanitize-with", str(nf.REPO / "tests" / "sanitize.cfg"),
            "--cell-records", str(records), "-q", "--tb=no", "--color=no", "-o", "addopts="]

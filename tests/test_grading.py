@@ -1,8 +1,9 @@
-"""Grading: honest submissions score what they earn; broken and tampered ones never pass.
+"""Grading: honest submissions score what they earn; broken ones never pass; attacks score nothing
+and change nothing outside their own sandbox.
 
-Each graded submission starts a kernel (a few seconds), so the synthetic
-submissions are graded in one batch, once, and each test below reads its
-own submission's rows from that batch.
+Each submission starts a sandbox (a fraction of a second) and its checks run in
+the grader, so the synthetic submissions are graded in one batch, once, and
+each test below reads its own submission's rows from that batch.
 """
 from __future__ import annotations
 
@@ -10,20 +11,30 @@ import copy
 import csv
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from nbformat.v4 import new_output
+from nbformat.v4 import new_code_cell, new_output
 
 import notebook_factory as nf
-from course_lib import grade
-from course_lib.answer_scan import Context, parse, scan_answer
+from course_lib import checks
+from course_lib.grading import grade, sandbox
 
 REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
-CELL_TIMEOUT = 10  # seconds; the endless loop below waits this long once
-STALL_GRACE = 5    # and the loop that ignores interrupts this much longer
+TIMEOUT = 5  # seconds per exercise's answer cells, and again per check
+
+needs_sandbox = pytest.mark.skipif(not sandbox.available(),
+                                   reason="no bubblewrap sandbox here (.ci/run installs it: apt-get install bubblewrap)")
+pytestmark = needs_sandbox
 
 CRASH = "np.lib.stride_tricks.as_strided(np.zeros(1), shape=(10**9,), strides=(10**6,)).sum()"
+MARKER = f"course-grade-attack-{os.getpid()}"  # in the command line of anything an attack leaves running
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +47,82 @@ def _set_answer(nb, exercise, source):
     return nb
 
 
-def _submissions(course: Path, folder: Path) -> dict:
+def _solution_with(course, answers: dict):
+    nb = nf.read(course / "solutions" / f"{nf.SYNTHETIC}.ipynb")
+    for name, source in answers.items():
+        _set_answer(nb, name, source)
+    return nb
+
+
+# -- what every attack below tries; each must score no pass ------------------------------
+
+def attacks(course: Path, victim_pid: int) -> dict:
+    """{name: {exercise: answer source}}: a student who wants marks without the work."""
+    sol = course / "solutions" / f"{nf.SYNTHETIC}.ipynb"
+    checks_py = nf.REPO / "course_lib" / "checks.py"
+    site = Path(np.__file__).resolve().parent.parent
+    return {
+        # the course's answers, read from disk and run
+        "exec_solutions": {"1.1": f"import json\nnb = json.load(open({str(sol)!r}))\n"
+                                  "for c in nb['cells']:\n    if 'answer' in c['metadata'].get('tags', []):\n"
+                                  "        exec(''.join(c['source']))"},
+        # the course's kernels and checks through sys.modules, reached from an allowed module
+        "sys_modules": {"1.1": "import dataclasses\nref = dataclasses.sys.modules['course_lib.reference']\n"
+                               "def scores(q, k):\n    return ref.attention_scores(q, k)",
+                        "1.2": "import dataclasses\nc = dataclasses.sys.modules['course_lib.checks']\n"
+                               "c.check_close = lambda *a, **k: print('PASS')\ndef softmax(x):\n    return x"},
+        "import_course_lib": {"1.1": "from course_lib.reference import attention_scores as scores"},
+        # values that read the expected answer from the caller's frame
+        "frame_reading": {"1.1": "import sys\nclass Sneaky:\n"
+                                 "    def __array__(self, *a, **k):\n"
+                                 "        f = sys._getframe(1)\n"
+                                 "        while f and 'expected' not in f.f_locals:\n            f = f.f_back\n"
+                                 "        return f.f_locals['expected']\n"
+                                 "    __float__ = __array__\n"
+                                 "def scores(q, k):\n    return Sneaky()",
+                          "1.3": "import sys\nclass N(float):\n    pass\nn_bytes = N(160)"},
+        "frame_walk": {"1.1": "import sys\ndef scores(q, k):\n    f = sys._getframe()\n    while f:\n"
+                              "        for v in f.f_locals.values():\n"
+                              "            if isinstance(v, np.ndarray) and v.shape == (4, 5) and v is not q:\n"
+                              "                return v\n        f = f.f_back\n    return np.zeros((4, 5))"},
+        "subclass_and_objects": {"1.1": "def scores(q, k):\n    return np.asmatrix(q @ k.T)",
+                                 "1.2": "def softmax(x):\n    return np.array([object()] * 3)"},
+        # lines that look like verdicts, and bytes on the grader's channel
+        "forged_output": {"1.1": "print('PASS 1.1 scores: 4x5 float64 within atol 1e-10, rtol 1e-09')\n"
+                                 "def scores(q, k):\n    return 0",
+                          "1.2": "import os, sys\nos.write(int(sys.argv[2]), b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02{}')\n"
+                                 "def softmax(x):\n    return x",
+                          "1.3": "import os, sys, json\nh = json.dumps({'seq': 3, 'ok': True, 'value': 160, 'sizes': []}).encode()\n"
+                                 "os.write(int(sys.argv[2]), len(h).to_bytes(8, 'big') + h)\nn_bytes = 0"},
+        "prompt_prefix": {"1.1": "In [1]: q = q * 0\ndef scores(q, k):\n    return 0"},
+        # harm to the instructor: the checkout, .venv, other processes
+        "poison_checkout": {"1.1": f"open({str(checks_py)!r}, 'a').write('\\nPOISON = 1\\n')\n"
+                                   "def scores(q, k):\n    return q @ k.T + 1",
+                            "1.2": f"open({str(course / 'exercises' / (nf.SYNTHETIC + '.ipynb'))!r}, 'w').write('{{}}')"},
+        "pth_in_venv": {"1.1": f"open({str(site / 'zz_attack.pth')!r}, 'w').write('import os')\n"
+                               "def scores(q, k):\n    return q @ k.T + 1"},
+        "setsid_child": {"1.1": "import subprocess, sys\n"
+                                f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # {MARKER}'],"
+                                " start_new_session=True)\n"
+                                "import os\nif os.fork() == 0:\n    os.setsid()\n"
+                                f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)  # {MARKER}'])\n"
+                                "def scores(q, k):\n    return q @ k.T + 1"},
+        "kill_others": {"1.1": f"import os, signal\nfor pid in ({victim_pid}, -{victim_pid}, -1, 1):\n"
+                               "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+                               f"print({victim_pid})\ndef scores(q, k):\n    return q @ k.T + 1"},
+        "network": {"1.1": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)\n"
+                           "def scores(q, k):\n    return q @ k.T"},
+        "fork_bomb": {"1.1": "import os, time\nkids = 0\nwhile kids < 5000:\n    pid = os.fork()\n"
+                             "    if pid == 0:\n        time.sleep(600)\n        os._exit(0)\n    kids += 1"},
+        "memory_bomb": {"1.1": "hog = np.ones(10**10)\ndef scores(q, k):\n    return q @ k.T"},
+        "output_flood": {"1.1": "import sys\nwhile True:\n    sys.stdout.write('x' * 10**6)"},
+        "huge_return": {"1.1": "def scores(q, k):\n    return np.zeros(10**8)"},
+        "swallow_everything": {"1.1": "def scores(q, k):\n    while True:\n        try:\n            time.sleep(1)\n"
+                                      "        except BaseException:\n            pass\nimport time"},
+    }
+
+
+def _submissions(course: Path, folder: Path, victim_pid: int) -> dict:
     """{name: path} of every kind of submission the grader must handle."""
     solution = nf.read(course / "solutions" / f"{nf.SYNTHETIC}.ipynb")
     exercise = nf.read(course / "exercises" / f"{nf.SYNTHETIC}.ipynb")
@@ -48,16 +134,6 @@ def _submissions(course: Path, folder: Path) -> dict:
     nf.cell(edited, "ex12-check").source = 'print("PASS 1.2 softmax")'
     subs["edited_checks"] = edited
 
-    patches = copy.deepcopy(exercise)
-    _set_answer(patches, "1.1", "import course_lib.checks as c\n"
-                                'c.check_close = lambda *a, **k: print("PASS")\n'
-                                "def scores(q, k):\n    return 0")
-    _set_answer(patches, "1.2", "np.exp = lambda x: x\n"
-                                "def softmax(x):\n    return x")
-    _set_answer(patches, "1.3", "import course_lib\n"
-                                "n_bytes = course_lib.attention(q[None, None], k[None, None], k[None, None]).nbytes")
-    subs["patches"] = patches
-
     noisy = copy.deepcopy(solution)
     _set_answer(noisy, "1.1", "def scores(q, k):\n    np.log(np.zeros(1))  # warns on stderr\n    return q @ k.T")
     nf.cell(noisy, "ex11-check").outputs.insert(0, new_output(
@@ -67,10 +143,15 @@ def _submissions(course: Path, folder: Path) -> dict:
     cut_short.outputs[0]["text"] = "PASS 1.2 soft"  # the kernel died mid-print
     subs["noisy"] = noisy
 
-    some_patched = copy.deepcopy(solution)
-    _set_answer(some_patched, "1.1", "def scores(q, k):\n    return checks.reference_scores(q, k)")
-    _set_answer(some_patched, "1.2", "np.allclose = lambda *a, **k: True\n" + nf.cell(solution, "ex12-answer").source)
-    subs["some_patched"] = some_patched
+    # honest code that a static scan used to call tampering
+    subs["honest_odd"] = _solution_with(course, {
+        "1.1": "import os\nrng = np.random.default_rng(0)\nnoise = rng.standard_normal(3)\n"
+               "def scores(q, k):\n    return q @ k.T\nif __name__ == '__main__':\n    assert vars(np.random)",
+        "1.2": "import importlib\nfrom types import SimpleNamespace\nns = SimpleNamespace(a=1)\nassert vars(ns)\n"
+               "def softmax(x):\n    e = np.exp(x - x.max(axis=-1, keepdims=True))\n    return e / e.sum(-1, keepdims=True)",
+    })
+    subs["monkeypatch_numpy"] = _solution_with(course, {"1.2": "np.exp = lambda x: x\nnp.allclose = lambda *a, **k: True\n"
+                                                               "def softmax(x):\n    return x"})
 
     hang_crash = copy.deepcopy(solution)
     _set_answer(hang_crash, "1.1", "while True:\n    pass")
@@ -88,15 +169,33 @@ def _submissions(course: Path, folder: Path) -> dict:
     subs["missing_answer"] = no_metadata
 
     prose = copy.deepcopy(solution)
-    nf.cell(prose, "title").source += "\n(I changed the instructions)"
+    nf.cell(prose, "title").source += "\n(my notes on the instructions)"
     subs["edited_prose"] = prose
+
+    extra = copy.deepcopy(solution)
+    _set_answer(extra, "1.1", "def scores(q, k):\n    return helper(q, k)")
+    extra.cells.insert(4, new_code_cell("def helper(q, k):\n    return q @ k.T", id="mine"))
+    subs["extra_cell"] = extra
 
     stranger = nf.synthetic_solution("99_elsewhere")
     for cell in stranger.cells:
         cell.id = "x" + cell.id
+        cell.metadata.pop("course", None)
+        cell.metadata.pop("tags", None)
     subs["unknown_set"] = stranger
 
+    for name, answers in attacks(course, victim_pid).items():
+        subs["attack_" + name] = copy.deepcopy(exercise)
+        for ex, source in answers.items():
+            _set_answer(subs["attack_" + name], ex, source)
+
     paths = {name: nf.write(nb, folder / f"{name}.ipynb") for name, nb in subs.items()}
+    no_ids = json.loads(paths["solution"].read_text())
+    no_ids["nbformat_minor"] = 4
+    for cell in no_ids["cells"]:
+        cell.pop("id", None)
+    paths["no_ids"] = folder / "no_ids.ipynb"
+    paths["no_ids"].write_text(json.dumps(no_ids))
     paths["not_json"] = folder / "not_json.ipynb"
     paths["not_json"].write_bytes(b"\x00 this is { not JSON")
     paths["not_notebook"] = folder / "not_notebook.ipynb"
@@ -106,20 +205,55 @@ def _submissions(course: Path, folder: Path) -> dict:
     return paths
 
 
+def _tree_digest(*roots) -> dict:
+    """{path: sha256} of every file under ``roots`` (the course, the package, site-packages' top level)."""
+    out = {}
+    for root in roots:
+        root = Path(root)
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        for p in files:
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _left_running() -> list:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and MARKER.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
 @pytest.fixture(scope="module")
 def batch(course, tmp_path_factory):
-    """Grade every submission once; keep the results, the CSV and the files' hashes."""
+    """Grade every submission once; keep the results, the CSV, the files' hashes and a bystander process."""
     folder = tmp_path_factory.mktemp("submissions")
-    paths = _submissions(course, folder)
-    before = {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in paths.items()}
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    paths = _submissions(course, folder, victim.pid)
+    site = Path(np.__file__).resolve().parent.parent
+    watched = (course, nf.REPO / "course_lib", nf.REPO / "solutions", nf.REPO / "exercises")
+    before = _tree_digest(folder, *watched)
+    site_before = sorted(os.listdir(site))
     out_csv = folder / "grades.csv"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grade, "STALL_GRACE", STALL_GRACE)
-        results = list(grade.grade_all(paths.values(), grade.Course(course), CELL_TIMEOUT, jobs=3))
+    try:
+        listed = list(paths.values()) + [paths["solution"]]  # a path given twice is graded once
+        results = grade.grade_all(listed, grade.Course(course), grade.Options(timeout=TIMEOUT), jobs=2)
+        time.sleep(0.5)
+        survivors = _left_running()
+        victim_alive = victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+        for pid in _left_running():
+            os.kill(pid, signal.SIGKILL)
+    after = _tree_digest(folder, *watched)
     grade.write_csv(results, out_csv)
-    after = {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in paths.items()}
     by_name = {name: result for name, result in zip(paths, results)}
-    return {"results": by_name, "paths": paths, "csv": out_csv, "before": before, "after": after}
+    return {"results": by_name, "all": results, "paths": paths, "csv": out_csv, "before": before, "after": after,
+            "site": (site_before, sorted(os.listdir(site))), "survivors": survivors, "victim_alive": victim_alive}
 
 
 def statuses(batch, name) -> dict:
@@ -133,6 +267,8 @@ def reasons(batch, name) -> dict:
 def points(batch, name) -> tuple:
     return batch["results"][name].total
 
+
+# -- honest work ---------------------------------------------------------------------
 
 def test_the_solution_scores_full_points(batch):
     assert statuses(batch, "solution") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
@@ -154,6 +290,34 @@ def test_a_partial_submission_scores_exactly_the_exercise_it_solved(batch):
     assert points(batch, "partial") == (2, 6)
 
 
+def test_a_seeded_rng_main_guard_vars_and_any_import_are_honest_work(batch):
+    assert statuses(batch, "honest_odd") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
+
+
+def test_edited_prose_is_not_tampering(batch):
+    assert points(batch, "edited_prose") == (6, 6)
+
+
+def test_a_notebook_saved_without_cell_ids_is_graded_and_told_what_to_do(batch):
+    assert statuses(batch, "no_ids") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
+    assert all("without cell ids" in r and "JupyterLab" in r for r in reasons(batch, "no_ids").values())
+
+
+def test_an_extra_cell_is_not_run_and_the_reason_says_where_the_code_goes(batch):
+    assert statuses(batch, "extra_cell") == {"1.1": "error", "1.2": "pass", "1.3": "pass"}
+    why = reasons(batch, "extra_cell")["1.1"]
+    assert "helper" in why and "extra code cell" in why and "answer cell" in why
+
+
+def test_a_deleted_answer_cell_is_invalid_says_what_to_do_and_the_set_is_found_by_cell_ids(batch):
+    result = batch["results"]["missing_answer"]
+    assert result.exercise_set == nf.SYNTHETIC
+    assert statuses(batch, "missing_answer") == {"1.1": "pass", "1.2": "invalid", "1.3": "pass"}
+    assert "copy your code into the answer cell" in reasons(batch, "missing_answer")["1.2"]
+
+
+# -- broken work -----------------------------------------------------------------------
+
 def test_edited_check_outputs_and_check_cells_are_tampered_and_the_rest_still_graded(batch):
     assert statuses(batch, "edited_checks") == {"1.1": "tampered", "1.2": "tampered", "1.3": "pass"}
     assert "stored output" in reasons(batch, "edited_checks")["1.1"]
@@ -161,39 +325,20 @@ def test_edited_check_outputs_and_check_cells_are_tampered_and_the_rest_still_gr
     assert points(batch, "edited_checks") == (1, 6)
 
 
-def test_answers_that_patch_checks_or_numpy_or_call_the_course_are_tampered(batch):
-    assert statuses(batch, "patches") == {"1.1": "tampered", "1.2": "tampered", "1.3": "tampered"}
-    why = reasons(batch, "patches")
-    assert "course_lib" in why["1.1"] and "c.check_close" in why["1.1"]
-    assert "np.exp" in why["1.2"]
-    assert "course_lib" in why["1.3"]
-    assert statuses(batch, "some_patched") == {"1.1": "tampered", "1.2": "tampered", "1.3": "pass"}
-    assert "checks from course_lib" in reasons(batch, "some_patched")["1.1"]
-    assert "np.allclose" in reasons(batch, "some_patched")["1.2"]
-
-
 def test_an_endless_loop_times_out_and_a_crash_is_an_error_that_costs_only_its_exercise(batch):
     assert statuses(batch, "hang_and_crash") == {"1.1": "timeout", "1.2": "error", "1.3": "pass"}
     why = reasons(batch, "hang_and_crash")
-    assert f"longer than {CELL_TIMEOUT} s" in why["1.1"]
-    assert "kernel died" in why["1.2"]  # seen dying, not mistaken for a timeout
+    assert f"longer than {TIMEOUT} s" in why["1.1"]
+    assert "died" in why["1.2"]  # seen dying, not mistaken for a timeout
     assert points(batch, "hang_and_crash") == (1, 6)
 
 
 def test_a_loop_that_swallows_interrupts_is_stopped_from_outside_and_scored_timeout(batch):
     assert statuses(batch, "unstoppable") == {"1.1": "timeout", "1.2": "pass", "1.3": "pass"}
-    assert "could not be interrupted" in reasons(batch, "unstoppable")["1.1"]
 
 
-def test_a_deleted_answer_cell_is_invalid_and_the_set_is_found_by_cell_ids(batch):
-    result = batch["results"]["missing_answer"]
-    assert result.exercise_set == nf.SYNTHETIC
-    assert statuses(batch, "missing_answer") == {"1.1": "pass", "1.2": "invalid", "1.3": "pass"}
-
-
-def test_edited_instructions_taint_every_exercise(batch):
-    assert statuses(batch, "edited_prose") == {"1.1": "tampered", "1.2": "tampered", "1.3": "tampered"}
-    assert points(batch, "edited_prose") == (0, 6)
+def test_patching_numpy_in_the_sandbox_changes_nothing_in_the_checks(batch):
+    assert statuses(batch, "monkeypatch_numpy")["1.2"] == "fail"
 
 
 @pytest.mark.parametrize("name", ["not_json", "not_notebook", "old_format", "unknown_set"])
@@ -201,6 +346,13 @@ def test_files_that_are_not_notebooks_of_this_course_are_invalid(batch, name):
     result = batch["results"][name]
     assert [(r.exercise, r.status, r.points) for r in result.rows] == [("*", "invalid", 0)]
     assert result.rows[0].reason
+
+
+def test_an_unreadable_file_gets_a_row_per_exercise_so_class_totals_stay_right(batch, course):
+    rows = grade.expand_unknown(batch["all"], grade.Course(course), nf.SYNTHETIC)
+    broken = rows[list(batch["paths"]).index("not_json")]
+    assert [(r.exercise, r.status, r.points, r.max_points) for r in broken.rows] == [
+        ("1.1", "invalid", 0, 2), ("1.2", "invalid", 0, 3), ("1.3", "invalid", 0, 1)]
 
 
 @pytest.mark.parametrize("cells", [
@@ -212,22 +364,67 @@ def test_malformed_cells_never_crash_the_grader(course, tmp_path, cells):
     path = tmp_path / "odd.ipynb"
     path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": cells,
                                 "metadata": {"course": {"exercise_set": nf.SYNTHETIC}}}))
-    result = grade.grade(path, grade.Course(course), CELL_TIMEOUT)
-    assert result.total[0] == 0 and {r.status for r in result.rows} <= {"invalid", "tampered"}
+    result = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT))
+    assert result.total[0] == 0 and {r.status for r in result.rows} <= {"invalid", "error", "fail"}
 
+
+# -- attacks -----------------------------------------------------------------------------
+
+ATTACKS = sorted(attacks(Path("/nonexistent"), 0))
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_an_attack_scores_no_pass(batch, name):
+    rows = batch["results"]["attack_" + name].rows
+    attacked = attacks(Path("/nonexistent"), 0)[name]
+    assert [r.status for r in rows if r.exercise in attacked and r.status == "pass"] == [], \
+        grade.format_result(batch["results"]["attack_" + name])
+    assert all(r.status != "pass" for r in rows), grade.format_result(batch["results"]["attack_" + name])
+
+
+def test_attacks_change_no_file_outside_their_sandbox(batch):
+    changed = {p for p in set(batch["before"]) | set(batch["after"]) if batch["before"].get(p) != batch["after"].get(p)}
+    assert changed == set() and batch["site"][0] == batch["site"][1]
+
+
+def test_no_process_an_answer_starts_outlives_its_sandbox(batch):
+    assert batch["survivors"] == []
+
+
+def test_the_grader_kills_only_its_own_runs(batch):
+    assert batch["victim_alive"]
+
+
+def test_the_reasons_say_what_stopped_an_attack(batch):
+    why = {name: reasons(batch, "attack_" + name)["1.1"] for name in ATTACKS}
+    assert "No such file" in why["exec_solutions"] or "FileNotFoundError" in why["exec_solutions"]
+    assert "course_lib" in why["import_course_lib"] and "write the code yourself" in why["import_course_lib"]
+    assert "not plain data" in why["frame_reading"] and "MiB" in why["huge_return"] and "not plain data" in reasons(batch, "attack_frame_reading")["1.3"]
+    assert "not plain data" in why["subclass_and_objects"]
+    assert any(word in why["poison_checkout"] for word in ("FileNotFoundError", "PermissionError", "Read-only"))
+    assert "timeout" == statuses(batch, "attack_swallow_everything")["1.1"]
+
+
+# -- the batch and its reports ----------------------------------------------------------
 
 def test_submissions_are_byte_identical_after_grading(batch):
-    assert batch["before"] == batch["after"]
+    assert {p: h for p, h in batch["before"].items() if "submissions" in p} == \
+           {p: h for p, h in batch["after"].items() if "submissions" in p}
 
 
-def test_the_csv_has_one_row_per_exercise_of_every_submission(batch):
+def test_a_path_given_twice_is_graded_once(batch):
+    assert len(batch["all"]) == len(batch["paths"])
+
+
+def test_the_csv_has_one_row_per_exercise_with_a_reason_column(batch):
     with open(batch["csv"], newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["submission", "exercise_set", "exercise", "status", "points", "max_points"]
+    assert list(rows[0]) == ["submission", "exercise_set", "exercise", "status", "points", "max_points", "reason"]
     assert len({r["submission"] for r in rows}) == len(batch["paths"])
-    solution = [r for r in rows if r["submission"].endswith("solution.ipynb")]
-    assert [(r["exercise"], r["status"], r["points"], r["max_points"]) for r in solution] == [
-        ("1.1", "pass", "2", "2"), ("1.2", "pass", "3", "3"), ("1.3", "pass", "1", "1")]
+    untouched = [r for r in rows if r["submission"].endswith("untouched.ipynb")]
+    assert [(r["exercise"], r["status"], r["points"], r["max_points"], r["reason"]) for r in untouched] == [
+        ("1.1", "fail", "0", "2", "not implemented yet"), ("1.2", "fail", "0", "3", "not implemented yet"),
+        ("1.3", "fail", "0", "1", "not implemented yet")]
 
 
 def test_the_table_is_plain_deterministic_text(batch):
@@ -243,10 +440,20 @@ def test_the_command_line_grades_several_submissions_into_one_csv(course, tmp_pa
     bad.write_text("{}")
     out = tmp_path / "grades.csv"
     assert grade.main([str(bad), str(exercise), str(bad), "--csv", str(out),
-                       "--course-root", str(course), "--timeout", str(CELL_TIMEOUT)]) == 0
+                       "--course-root", str(course), "--timeout", str(TIMEOUT)]) == 0
     text = capsys.readouterr().out
-    assert text.count("invalid") == 2 and "graded 3 submissions: 0 / 6 points in all" in text
-    assert len(out.read_text().splitlines()) == 1 + 1 + 3 + 1
+    assert text.count("invalid") == 3 and "graded 2 submissions: 0 / 12 points in all" in text
+    assert len(out.read_text().splitlines()) == 1 + 3 + 3
+
+
+def test_without_a_sandbox_others_submissions_are_refused_unless_trusted(course, tmp_path, capsys, monkeypatch):
+    solution = course / "solutions" / f"{nf.SYNTHETIC}.ipynb"
+    monkeypatch.setattr(sandbox, "available", lambda: False)
+    assert grade.main([str(solution), "--course-root", str(course)]) == 2
+    err = capsys.readouterr().err
+    assert "no sandbox" in err and "apt-get install bubblewrap" in err and "--trusted" in err
+    assert grade.main([str(solution), "--course-root", str(course), "--trusted"]) == 0
+    assert "6 / 6 points" in capsys.readouterr().out
 
 
 def test_help_explains_the_statuses(capsys):
@@ -254,7 +461,7 @@ def test_help_explains_the_statuses(capsys):
         grade.main(["--help"])
     assert exit.value.code == 0
     text = capsys.readouterr().out
-    for word in ("--csv", "--timeout", "--course-root", "tampered", "invalid", "never modified"):
+    for word in ("--csv", "--timeout", "--trusted", "--course-root", "sandbox", "tampered", "invalid", "never modified"):
         assert word in text
 
 
@@ -265,148 +472,275 @@ def test_usage_errors_exit_nonzero(argv, capsys):
     assert exit.value.code == 2
 
 
-# -- the static scan of answer cells ----------------------------------------------
+# -- the learner's check and the grader agree -----------------------------------------
 
-CONTEXT = Context.of(
-    other_cells=["import numpy as np\nfrom course_lib import checks\nfrom course_lib.reference import attention_reference\n"
-                 "q = np.ones((2, 3))\nscale = 0.5\n%matplotlib inline"],
-    check_cells=["cases = [checks.readonly(q)]\nfor case in cases:\n"
-                 "    checks.check_close('x', my_attention(case, scale), attention_reference(case))"],
-    answer_cells=[])
-
-HONEST = [
-    "def my_attention(q, scale):\n    q = q * scale\n    s = q @ q.T\n    s = s - s.max(-1, keepdims=True)\n"
-    "    p = np.exp(s)\n    return p / p.sum(-1, keepdims=True) @ q",
-    "import math\nfrom functools import reduce\nimport numpy as np\nfrom numba import njit\n\n"
-    "@njit\ndef f(x):\n    out = np.empty_like(x)\n    out[0] = math.exp(x[0])\n    return out",
-    "from dataclasses import dataclass\n@dataclass\nclass Tile:\n    rows: int\n    def area(self):\n        return self.rows",
-    "exp = np.exp\nn_bytes = 8 * q.shape[0]\nresult = [i * i for i in range(3)]",
-    "def check(cu):\n    if cu.ndim != 1:\n        raise TypeError(f'got {type(cu).__name__}')",
-    "class Acc(dict):\n    def __init__(self):\n        super().__init__()\n    def __len__(self):\n        return 0",
-    "def kind(cu):\n    return getattr(cu, 'dtype', None)",
-    "def area(cases):\n    return [c * 2 for c in cases]",  # a parameter named like a check's global
-    "def broken(:\n    pass",  # not Python: it runs, fails, and scores error, not tampered
-]
-
-TAMPERING = [
-    ("np.exp = lambda x: x", "np.exp"),
-    ("e = np.linalg\ne.norm = None", "e.norm"),
-    ("del np.sum", "np.sum"),
-    ("import course_lib.checks as c\nc.check_close = print", "course_lib"),
-    ("checks.check_close = print", "checks"),
-    ("def my_attention(q, scale):\n    return attention_reference(q)", "attention_reference"),
-    ("from course_lib import attention", "course_lib"),
-    ("import course_lib.kernels", "course_lib"),
-    ("import os\nos.system('true')", "imports os"),
-    ("import importlib", "imports importlib"),
-    ("setattr(np, 'exp', abs)", "setattr"),
-    ("exec('x = 1')", "exec"),
-    ("f = eval", "eval"),
-    ("x = np.__dict__", ".__dict__"),
-    ("x = getattr(np, '__dict__')", "'__dict__'"),
-    ("__builtins__.len = None", "__builtins__"),
-    ("f = np.sum\nf.__name__ = 'x'", ".__name__"),
-    ("g = scores.__globals__", ".__globals__"),
-    ("g = globals()", "globals"),
-    ("data = open('/etc/passwd').read()", "open"),
-    ("%timeit 1 + 1", "IPython"),
-    ("!ls", "IPython"),
-    ("q = np.zeros((2, 3))", "rebinds q"),
-    ("q[:] = 0", "modifies q"),
-    ("scale *= 0", "rebinds scale"),
-    ("np = None", "rebinds the imported name np"),
-    ("def attention_reference(q):\n    return q", "redefines attention_reference"),
-    ("def f(a):\n    a.setflags(write=True)", "flags"),
-    ("def f(a):\n    a.flags['WRITEABLE'] = True", "flags"),
-    ("def f(a):\n    getattr(a, 'setf' + 'lags')(write=True)", "getattr"),
-    ("def f(a):\n    getattr(a, 'flags')['WRITEABLE'] = True", "flags"),
-    ("def f(a):\n    global n_cases\n    n_cases = 0", "global"),
-    ("def my_attention(q, scale):\n    cases.clear()\n    return q", "reads cases"),
-]
-
-
-@pytest.mark.parametrize("source", HONEST)
-def test_honest_answers_pass_the_scan(source):
-    assert scan_answer(source, CONTEXT) == []
-
-
-@pytest.mark.parametrize("source, reason", TAMPERING)
-def test_tampering_answers_are_caught_by_the_scan(source, reason):
-    found = scan_answer(source, CONTEXT)
-    assert found and any(reason in r for r in found), found
-
-
-@pytest.mark.parametrize("path", REAL_SOLUTIONS, ids=lambda p: p.stem)
-def test_the_real_solutions_answer_cells_pass_the_scan(path):
-    nb = nf.read(path)
-    answers = [c.source for c in nf.cells(nb, "answer")]
-    checks = [c.source for c in nf.cells(nb, "check")]
-    others = [c.source for c in nb.cells if c.cell_type == "code"
-              and not {"answer", "check"} & set(c.metadata.get("tags", []))]
-    context = Context.of(others, checks, answers)
-    for cell in nf.cells(nb, "answer"):
-        assert parse(cell.source) is not None, f"answer cell {cell.id} is not plain Python"
-        assert scan_answer(cell.source, context) == [], f"answer cell {cell.id}"
-
-
-# -- the real exercise sets ----------------------------------------------------------
-
-@pytest.mark.parametrize("path", REAL_SOLUTIONS, ids=lambda p: p.stem)
-def test_real_solution_scores_full_points_and_a_partial_one_exactly_its_part(path, tmp_path):
-    """The solution as a submission passes everything; with only the first answer, only that passes.
-
-    (The untouched real exercises fail at every check: test_exercises_fail_only_at_answers.)
-    """
-    root = nf.course_around(tmp_path / "course", path)
-    solution = nf.read(path)
-    exercise = nf.read(root / "exercises" / path.name)
-    names = nf.exercise_names(solution)
-    subs = {"solution": nf.write(solution, tmp_path / "solution.ipynb"),
-            "partial": nf.write(nf.with_answers(exercise, solution, names[:1]), tmp_path / "partial.ipynb")}
-    before = {k: p.read_bytes() for k, p in subs.items()}
-    course = grade.Course(root)
-    results = dict(zip(subs, grade.grade_all(subs.values(), course, 300, jobs=2)))
-    first_points = nf.cells(solution, "check", names[0])[0].metadata["course"]["points"]
-    total = sum(c.metadata["course"]["points"] for c in nf.cells(solution, "check"))
-
-    assert {r.exercise: r.status for r in results["solution"].rows} == {n: "pass" for n in names}, \
-        grade.format_result(results["solution"])
-    assert results["solution"].total == (total, total)
-    assert [r.status for r in results["partial"].rows] == ["pass"] + ["fail"] * (len(names) - 1), \
-        grade.format_result(results["partial"])
-    assert results["partial"].total == (first_points, total)
-    assert before == {k: p.read_bytes() for k, p in subs.items()}
-
-
-# An answer that writes into its inputs: zeroing q, k, v in place made the expected
-# value the check computes afterwards from the same arrays zero too, so zeros of the
-# right shape and dtype passed, with the very PASS lines of the solution (1.1 and 1.3
-# scored pass against the check cells before they used checks.readonly).  Now the
-# check cells hand answers read-only arrays, and the write itself raises.
-ZEROING_ANSWERS = {
-    "1.1": "def scores(q, k, scale=None):\n    q[...] = 0\n    k[...] = 0\n"
-           "    return np.zeros(q.shape[:-1] + k.shape[-2:-1], dtype=q.dtype)",
-    "1.3": "def naive_attention(q, k, v, causal=False, scale=None):\n    q[...] = 0\n    k[...] = 0\n    v[...] = 0\n"
-           "    return np.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)",
+AGREEMENT = {  # (answer to 1.1, does it pass?)
+    "right": ("def scores(q, k):\n    return q @ k.T", True),
+    "right in float32": ("def scores(q, k):\n    return (q @ k.T).astype(np.float32)", False),  # float64 case
+    "off by a little": ("def scores(q, k):\n    return q @ k.T * (1 + 1e-6)", False),
+    "wrong shape": ("def scores(q, k):\n    return k @ q.T", False),
+    "a list": ("def scores(q, k):\n    return (q @ k.T).tolist()", True),
 }
 
 
-def grade_zeroing_submission(solution_path, tmp_path) -> dict:
-    """{exercise: (status, reason)} of set 01's solution with ZEROING_ANSWERS in place of 1.1 and 1.3."""
-    root = nf.course_around(tmp_path / "course", solution_path)
-    solution = nf.read(solution_path)
-    exercise = nf.read(root / "exercises" / solution_path.name)
-    submission = nf.with_answers(exercise, solution, nf.exercise_names(solution))
-    for name, source in ZEROING_ANSWERS.items():
-        _set_answer(submission, name, source)
-    path = nf.write(submission, tmp_path / "zeroing.ipynb")
-    result = grade.grade(path, grade.Course(root), 300)
-    return {row.exercise: (row.status, row.reason) for row in result.rows}
+def _in_kernel(course, answer) -> bool:
+    """What the learner's notebook says: the cells run in one namespace, as a kernel runs them."""
+    nb = nf.read(course / "exercises" / f"{nf.SYNTHETIC}.ipynb")
+    namespace = {"__name__": "__main__"}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if cell.id == "ex11-answer":
+            exec(answer, namespace)
+        elif cell.id == "ex11-check":
+            try:
+                exec(cell.source, namespace)
+            except checks.CheckFailed:
+                return False
+            return True
+        elif "answer" not in cell.metadata.get("tags", []):
+            exec(cell.source, namespace)
 
 
-def test_an_answer_that_zeroes_its_inputs_in_place_does_not_pass(tmp_path):
-    rows = grade_zeroing_submission(nf.REPO / "solutions" / "01_naive_attention.ipynb", tmp_path)
-    status = {name: s for name, (s, _) in rows.items()}
-    for name in ("1.1", "1.3", "1.4"):  # 1.4's solution calls the zeroing naive_attention
-        assert status[name] in ("fail", "error"), rows
-    assert [status[name] for name in ("1.2", "1.5", "1.6")] == ["pass"] * 3, rows
+def test_the_learners_check_and_the_grader_agree(course, tmp_path):
+    paths = {}
+    for label, (answer, _) in AGREEMENT.items():
+        paths[label] = nf.write(_solution_with(course, {"1.1": answer}), tmp_path / f"{label.replace(' ', '_')}.ipynb")
+    results = grade.grade_all(paths.values(), grade.Course(course), grade.Options(timeout=TIMEOUT), jobs=2)
+    for (label, (answer, passes)), result in zip(AGREEMENT.items(), results):
+        graded = result.rows[0].status == "pass"
+        assert _in_kernel(course, answer) == graded == passes, (label, result.rows[0])
+
+
+def test_tolerance_comes_from_the_expected_dtype_never_the_answers():
+    rng = np.random.default_rng(0)
+    expected = rng.standard_normal(50)
+    checks.check_close("float64 expected, exact answer", expected.copy(), expected)
+    with pytest.raises(checks.CheckFailed):  # float32 rounding is far outside float64's bounds
+        checks.check_close("float64 expected, float32 answer", expected.astype(np.float32), expected)
+    checks.check_close("float32 expected, float32 answer", expected.astype(np.float32), expected, dtype=np.float32)
+    checks.check_close("float32 expected, float64 answer", expected, expected, dtype=np.float32)
+    with pytest.raises(checks.CheckFailed):  # a float16 answer is not a float32 one
+        checks.check_close("float32 expected, float16 answer", expected.astype(np.float16), expected, dtype=np.float32)
+
+
+# -- the real exercise sets ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_sets(tmp_path_factory):
+    """Every real set's solution, its untouched exercise and a submission with only its first answer."""
+    folder = tmp_path_factory.mktemp("real")
+    subs, meta = {}, {}
+    for path in REAL_SOLUTIONS:
+        solution, exercise = nf.read(path), nf.read(nf.REPO / "exercises" / path.name)
+        names = nf.exercise_names(solution)
+        points = {n: nf.cells(solution, "check", n)[0].metadata["course"]["points"] for n in names}
+        meta[path.stem] = (names, points)
+        subs[(path.stem, "solution")] = nf.write(solution, folder / f"{path.stem}-solution.ipynb")
+        subs[(path.stem, "untouched")] = nf.write(exercise, folder / f"{path.stem}-untouched.ipynb")
+        subs[(path.stem, "partial")] = nf.write(nf.with_answers(exercise, solution, names[:1]),
+                                                folder / f"{path.stem}-partial.ipynb")
+    results = grade.grade_all(subs.values(), grade.Course(nf.REPO), grade.Options(timeout=300), jobs=2)
+    return dict(zip(subs, results)), meta
+
+
+@pytest.mark.parametrize("path", REAL_SOLUTIONS, ids=lambda p: p.stem)
+def test_real_solution_scores_full_marks_untouched_zero_and_a_partial_exactly_its_part(real_sets, path):
+    results, meta = real_sets
+    names, points = meta[path.stem]
+    solution, untouched, partial = (results[(path.stem, kind)] for kind in ("solution", "untouched", "partial"))
+    total = sum(points.values())
+    assert solution.total == (total, total), grade.format_result(solution)
+    assert untouched.total == (0, total) and {r.status for r in untouched.rows} == {"fail"}, grade.format_result(untouched)
+    assert [r.status for r in partial.rows] == ["pass"] + ["fail"] * (len(names) - 1), grade.format_result(partial)
+    assert partial.total == (points[names[0]], total)
+
+
+# -- exercises that ask for an algorithm check the algorithm -----------------------------
+
+# Each is a right output computed the wrong way: every one passed before its check counted.
+WRONG_ALGORITHMS = {
+    "03_tiling_and_sram": {"3.3": '''def blocks_per_sm(shared_bytes, regs_per_thread, threads, sm):
+    if shared_bytes > sm["smem_per_block"] or regs_per_thread > sm["max_regs_per_thread"]:
+        return 0
+    return min(sm["smem_per_sm"] // (shared_bytes + sm["reserved_per_block"]),
+               sm["regs_per_sm"] // (regs_per_thread * threads), sm["max_blocks"])  # no threads-per-SM cap'''},
+    "06_masks": {"6.4": None},  # the solution with `left > 0` for `left >= 0`, below
+    "04_online_softmax": {
+        "4.2": '''def online_softmax(s, Bc):  # three passes: max, then sum, then normalise
+    rows, n = s.shape
+    m = np.full(rows, -np.inf)
+    for j in range(0, n, Bc):
+        m = np.maximum(m, s[:, j:j + Bc].max(axis=1))
+    shift = np.where(np.isneginf(m), 0.0, m)
+    l = np.zeros(rows)
+    for j in range(0, n, Bc):
+        l += np.exp(s[:, j:j + Bc] - shift[:, None]).sum(axis=1)
+    l = np.where(l > 0, l, 1.0)
+    return np.concatenate([np.exp(s[:, j:j + Bc] - shift[:, None]) / l[:, None] for j in range(0, n, Bc)], axis=1)''',
+        "4.6": '''def split_kv_attention(q, k, v, n_splits):  # one chunk, whatever n_splits says
+    s = np.einsum("hd,hnd->hn", q, k[:, 0:k.shape[1]]) / math.sqrt(q.shape[1])
+    m = s.max(axis=1, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(axis=1)
+    return np.einsum("hn,hnd->hd", p, v[:, 0:v.shape[1]]) / l[:, None], m[:, 0] + np.log(l)'''},
+    "05_flash_forward": {
+        "5.4": '''def flash_fa1(q, k, v, Br, Bc, scale=None):  # FA2's loop order: K and V read once per query tile
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    O, lse = np.zeros((B, H, Nq, v.shape[3])), np.zeros((B, H, Nq))
+    for b in range(B):
+        for h in range(H):
+            for i in range(0, Nq, Br):
+                Qi = q[b, h, i:i + Br]
+                Oi, li, mi = np.zeros((len(Qi), v.shape[3])), np.zeros(len(Qi)), np.full(len(Qi), -np.inf)
+                for j in range(0, Nk, Bc):
+                    Oi, li, mi = fa1_step(Qi, k[b, h, j:j + Bc], v[b, h, j:j + Bc], Oi, li, mi, scale)
+                O[b, h, i:i + Br], lse[b, h, i:i + Br] = Oi, mi + np.log(li)
+    return O, lse''',
+        "5.5": None},  # the solution without its `break`, below
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_algorithms(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wrong")
+    paths = {}
+    for stem, answers in WRONG_ALGORITHMS.items():
+        solution = nf.read(nf.REPO / "solutions" / f"{stem}.ipynb")
+        for name, source in answers.items():
+            nb = copy.deepcopy(solution)
+            cell = nf.cells(nb, "answer", name)[0]
+            if source is None and name == "6.4":
+                assert cell.source.count("left >= 0") == 2
+                source = cell.source.replace("left >= 0", "left > 0")
+            elif source is None and name == "5.5":
+                source = cell.source.replace("break  # this tile", "pass  # no skipping: this tile")
+                assert source != cell.source
+            cell.source = source
+            paths[(stem, name)] = nf.write(nb, folder / f"{stem}-{name}.ipynb")
+    results = grade.grade_all(paths.values(), grade.Course(nf.REPO), grade.Options(timeout=300), jobs=2)
+    return dict(zip(paths, results))
+
+
+@pytest.mark.parametrize("stem, name", [(s, n) for s, answers in WRONG_ALGORITHMS.items() for n in answers])
+def test_a_right_output_by_the_wrong_algorithm_does_not_pass(wrong_algorithms, stem, name):
+    result = wrong_algorithms[(stem, name)]
+    rows = {r.exercise: r for r in result.rows}
+    assert rows[name].status in ("fail", "error"), grade.format_result(result)
+    assert all(r.status == "pass" for n, r in rows.items() if n != name), grade.format_result(result)
+
+
+def test_a_float64_answer_to_a_float32_case_passes_in_the_notebook_and_in_the_grader(tmp_path):
+    """Set 01's 1.1 has a float32 case; an answer computed (more exactly) in float64 passes both,
+    because the tolerance is the float32 case's, not the answer's."""
+    answer = ("def scores(q, k, scale=None):\n    if scale is None:\n        scale = 1 / math.sqrt(q.shape[-1])\n"
+              "    return scale * (q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64))")
+    exercise = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    namespace = {"__name__": "__main__"}
+    for cell in exercise.cells:  # the learner's kernel, up to the check of 1.1
+        if cell.cell_type == "code":
+            exec(answer if cell.id == "ex1-1-answer" else cell.source, namespace)
+            if cell.id == "ex1-1-check":
+                break
+    nb = copy.deepcopy(exercise)
+    _set_answer(nb, "1.1", answer)
+    result = grade.grade(nf.write(nb, tmp_path / "float64.ipynb"), grade.Course(nf.REPO), grade.Options(timeout=60))
+    assert result.rows[0].status == "pass", grade.format_result(result)
+
+
+PROBE = """import os, socket, sys
+site = [p for p in sys.path if p.endswith('site-packages')][0]
+seen = {'uid': os.getuid(), 'pid': os.getpid(), 'root': sorted(os.listdir('/'))}
+try:
+    import course_lib
+    seen['course_lib'] = course_lib.__file__
+except ImportError:
+    seen['course_lib'] = None
+for target in (site + '/x.pth', '/usr/x', '/grader/x'):
+    try:
+        open(target, 'w')
+        seen[target] = 'written'
+    except OSError:
+        pass
+open('/tmp/mine', 'w').write('ok')
+try:
+    socket.create_connection(('1.1.1.1', 80), timeout=1)
+    seen['net'] = True
+except OSError:
+    seen['net'] = False
+"""
+
+
+@pytest.mark.parametrize("userns", [True, False] if os.geteuid() == 0 else [True], ids=lambda u: "userns" if u else "setpriv")
+def test_the_sandbox_is_unprivileged_read_only_offline_and_sees_no_course(userns):
+    with sandbox.Session(sandbox.Limits(), userns=userns) as session:
+        session.exec([PROBE], timeout=60)
+        seen = session.get("seen", timeout=60)
+    assert seen["uid"] == sandbox.SANDBOX_UID and seen["pid"] < 10  # its own PID namespace
+    assert seen["course_lib"] is None and seen["net"] is False
+    assert not [k for k, v in seen.items() if v == "written"]
+    assert set(seen["root"]) <= {"bin", "dev", "etc", "grader", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
+                                 "tmp", "usr", *(p.split("/")[1] for p in map(str, sandbox._python_roots()))}
+
+
+def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inputs(course, tmp_path):
+    """The notebook's inputs are seeded and public: outputs computed elsewhere and pasted in pass
+    the checks as published, and fail when the grader draws the same cases from a secret salt."""
+    rng = np.random.default_rng(0)  # the synthetic set's setup cell
+    q, k = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    table = f"TABLE = np.array({(q @ k.T).tolist()!r})\ndef scores(q, k):\n    return TABLE"
+    path = nf.write(_solution_with(course, {"1.1": table}), tmp_path / "table.ipynb")
+    same = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT))
+    fresh = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT, fresh_inputs=12345))
+    assert same.rows[0].status == "pass" and fresh.rows[0].status == "fail"
+    assert [r.status for r in fresh.rows[1:]] == ["pass", "pass"]
+
+
+@pytest.mark.parametrize("salt", [7919])  # 30 salts were tried by hand: every solution full marks
+def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
+    results = grade.grade_all(REAL_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
+    for result in results:
+        assert result.total[0] == result.total[1], grade.format_result(result)
+
+
+def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_path):
+    """1.5's cases are a fixed list and a few seeded draws: a table of their outputs, recorded by
+    running the published check, passes as published and fails on fresh inputs."""
+    from course_lib import memory
+    exercise = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    table = {}
+
+    def recording(batch, heads, nq, nk, dtype):
+        table[(batch, heads, nq, nk, np.dtype(dtype).name)] = memory.score_bytes(batch, heads, nq, nk, dtype)
+        return table[(batch, heads, nq, nk, np.dtype(dtype).name)]
+
+    namespace = {"__name__": "__main__"}
+    for cell in exercise.cells:
+        if cell.cell_type == "code" and "answer" not in cell.metadata.get("tags", []):
+            if cell.id == "ex1-5-check":
+                namespace["score_bytes"] = recording
+                exec(cell.source, namespace)
+                break
+            if "check" not in cell.metadata.get("tags", []):
+                exec(cell.source, namespace)
+    answer = f"TABLE = {table!r}\ndef score_bytes(batch, heads, nq, nk, dtype):\n" \
+             "    return TABLE[(batch, heads, nq, nk, np.dtype(dtype).name)]"
+    nb = copy.deepcopy(exercise)
+    _set_answer(nb, "1.5", answer)
+    path = nf.write(nb, tmp_path / "table.ipynb")
+    course = grade.Course(nf.REPO)
+    same = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60)).rows}
+    fresh = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60, fresh_inputs=99)).rows}
+    assert same["1.5"] == "pass" and fresh["1.5"] == "error"  # a KeyError: the table has no such case
+
+
+def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
+    """Set 08's answers are numba kernels: cache=True needs the cell in a real file, prange a lock."""
+    cell = ("from numba import njit, prange\n\n@njit(parallel=True, cache=True)\ndef twice(x):\n"
+            "    out = np.empty_like(x)\n    for i in prange(x.shape[0]):\n        out[i] = 2 * x[i]\n    return out")
+    with sandbox.Session(sandbox.Limits()) as session:
+        session.exec(["import numpy as np"], timeout=60)
+        assert session.exec([cell], timeout=120) == {"twice": "callable", "njit": "callable", "prange": "callable"}
+        assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]

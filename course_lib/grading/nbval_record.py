@@ -1,10 +1,10 @@
 """A pytest plugin that records what happened to each notebook cell under nbval.
 
-    python -m pytest --nbval --nbval-current-env -p course_lib.nbval_record \\
+    python -m pytest --nbval --nbval-current-env -p course_lib.grading.nbval_record \\
         --cell-records records.jsonl exercises/01_naive_attention.ipynb
 
 nbval reports a failing cell as a pytest failure with a long, coloured text;
-the grader and the exercise tests need to know *which* cell (by id) failed and
+the exercise tests need to know *which* cell (by id) failed and
 *why* (a check that failed, a missing answer, a timeout, a dead kernel).  This
 plugin appends one JSON object per line to the ``--cell-records`` file:
 
@@ -20,7 +20,7 @@ skipped.  Each line is written and flushed at once, so a run killed from
 outside still leaves everything up to the cell that was running.
 
 With ``--ignore-stderr`` it leaves warnings out of nbval's comparison of
-outputs (the grader uses it: a warning is not a wrong answer).
+outputs (a warning is not a wrong answer).
 
 It also teaches nbval to notice a dead kernel: nbval waits for a reply for the
 whole cell timeout even when the kernel has crashed (a segfault), and then
@@ -52,9 +52,9 @@ class KernelDied(RuntimeError):
 def pytest_addoption(parser):
     group = parser.getgroup("nbval")
     group.addoption("--cell-records", metavar="PATH", default=None,
-                    help="append each notebook cell's outcome to PATH as JSON lines (course_lib.nbval_record)")
+                    help="append each notebook cell's outcome to PATH as JSON lines (course_lib.grading.nbval_record)")
     group.addoption("--ignore-stderr", action="store_true",
-                    help="compare cell outputs without their stderr streams (course_lib.nbval_record)")
+                    help="compare cell outputs without their stderr streams (course_lib.grading.nbval_record)")
 
 
 def pytest_configure(config):

@@ -1,0 +1,98 @@
+"""What may cross the sandbox wall: plain data round-trips exactly, anything else is refused."""
+from __future__ import annotations
+
+import io
+
+import ml_dtypes
+import numpy as np
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from course_lib.grading import grade, wire
+
+
+def roundtrip(value):
+    buffers = []
+    tree = wire.encode(value, buffers)
+    header, data = wire.unpack(io.BytesIO(wire.pack({"value": tree}, buffers)))
+    return wire.decode(header["value"], data)
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 3, 2**80, -1.5, float("inf"), "text", (1, [2.0, "x"]), {"a": 1, 2: (None,)},
+    np.float32(1.25), np.int8(-3), np.bool_(True), np.float32, np.dtype("float16"), ml_dtypes.bfloat16,
+])
+def test_plain_values_cross_with_their_exact_type(value):
+    back = roundtrip(value)
+    assert type(back) is type(value) and (back == value or back is value)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int32", "uint64", "float16", "float64", "complex64", ml_dtypes.bfloat16])
+def test_arrays_keep_dtype_shape_values_and_the_read_only_flag(dtype):
+    a = (np.arange(24) % 5).astype(dtype).reshape(2, 3, 4)
+    a.setflags(write=False)
+    back = roundtrip(a)
+    assert type(back) is np.ndarray and back.dtype == a.dtype and back.shape == a.shape
+    assert back.tobytes() == a.tobytes() and not back.flags.writeable
+
+
+@pytest.mark.parametrize("value, message", [
+    (np.array([object()]), "dtype object"),
+    (np.eye(2).view(np.matrix), "numpy.matrix"),
+    (np.ma.masked_array([1.0]), "MaskedArray"),
+    (type("F", (float,), {})(1.0), "not plain data"),
+    (lambda x: x, "not plain data"),
+    ({(1, 2): 3}, "dict keys"),
+])
+def test_anything_else_is_refused(value, message):
+    with pytest.raises(wire.WireError) as err:
+        wire.encode(value, [])
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("tree, buffers", [
+    ({"t": "array", "dtype": "float64", "shape": [3], "buf": 0}, [b"\x00" * 8]),       # bytes do not match
+    ({"t": "array", "dtype": "object", "shape": [1], "buf": 0}, [b"\x00" * 8]),        # dtype not allowed
+    ({"t": "array", "dtype": "float64", "shape": [-1], "buf": 0}, [b""]),              # bad shape
+    ({"t": "array", "dtype": "float64", "shape": [1], "buf": 5}, [b"\x00" * 8]),       # no such buffer
+    ({"t": "pickle", "v": "gASV"}, []),
+    ({"t": "remote", "v": 0}, []),                                                      # no instruments here
+    ({"t": "int", "v": "9" * 5000}, []),
+    ([1, 2], []),
+])
+def test_a_forged_value_is_refused_not_trusted(tree, buffers):
+    with pytest.raises(wire.WireError):
+        wire.decode(tree, buffers)
+
+
+def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports():
+    plain = new_notebook(cells=[
+        new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.iomodel\nrng = 1",
+                      id="a"),
+        new_code_cell("x = 1", id="b", metadata={"tags": ["answer"], "course": {"exercise": "1.1"}})])
+    assert grade.sandbox_setup(plain) == ["import math\nimport numpy as np"]
+    tagged = new_notebook(cells=[new_code_cell("import numpy as np", id="s", metadata={"tags": ["setup"]})] + plain.cells)
+    assert grade.sandbox_setup(tagged) == ["import numpy as np"]
+
+
+def _cells(*sources):
+    tags = {"check": ["check"], "answer": ["answer"]}
+    cells = []
+    for i, source in enumerate(sources):
+        kind, _, code = source.partition(":") if source.split(":")[0] in tags else ("", "", source)
+        cells.append(new_code_cell(code, id=f"c{i}", metadata={"tags": tags.get(kind, []),
+                                                               "course": {"exercise": "1.1", "points": 1}}))
+    return new_notebook(cells=cells)
+
+
+def test_the_grader_skips_only_course_cells_no_check_depends_on():
+    nb = _cells(
+        "import numpy as np\nrng = np.random.default_rng(0)\ncases = []\ndef helper(x):\n    return x",  # c0
+        "demo = np.random.default_rng(1).standard_normal(3)\nprint(helper(demo))",                   # c1: a demo
+        "noise = rng.standard_normal(3)",                  # c2: draws from the checks' generator
+        "cases.append(1)",                                 # c3: changes what a check reads
+        "limit = 2",                                       # c4: binds what a check reads
+        "unused = [x for x in range(3)]\n(y := unused)",   # c5: nothing reads it
+        "answer:def f(x):\n    return x",
+        "check:assert f(rng.standard_normal(1)).shape == (1,) and cases and limit")
+    assert grade.needed_cells(nb) == {"c0", "c2", "c3", "c4", "c7"}
