@@ -27,6 +27,17 @@ from course_lib import checks
 from course_lib.grading import grade, sandbox
 
 REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
+# Set 09's checks hand the learner's @cuda.jit kernel to cudacheck, and a kernel is not plain
+# data: the sandbox cannot send it to the grader (it arrives as an AnswerProxy), so the set is
+# graded under nbval in the learner's notebook but not yet in the sandbox.  Strict xfail: when
+# the grader learns to run cudacheck on an answer's kernel, these turn into failures to remove.
+NOT_YET_SANDBOXED = {"09_numba_cuda": "set 09 passes kernels to cudacheck; kernels cannot cross the sandbox yet"}
+SANDBOXED_SOLUTIONS = [p for p in REAL_SOLUTIONS if p.stem not in NOT_YET_SANDBOXED]
+
+
+def _real(paths):
+    return [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(strict=True, reason=NOT_YET_SANDBOXED[p.stem])]
+                         if p.stem in NOT_YET_SANDBOXED else []) for p in paths]
 TIMEOUT = 5  # seconds per exercise's answer cells, and again per check
 
 needs_sandbox = pytest.mark.skipif(not sandbox.available(),
@@ -544,7 +555,7 @@ def real_sets(tmp_path_factory):
     return dict(zip(subs, results)), meta
 
 
-@pytest.mark.parametrize("path", REAL_SOLUTIONS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", _real(REAL_SOLUTIONS))
 def test_real_solution_scores_full_marks_untouched_zero_and_a_partial_exactly_its_part(real_sets, path):
     results, meta = real_sets
     names, points = meta[path.stem]
@@ -700,7 +711,7 @@ def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inpu
 
 @pytest.mark.parametrize("salt", [7919])  # 30 salts were tried by hand: every solution full marks
 def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
-    results = grade.grade_all(REAL_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
+    results = grade.grade_all(SANDBOXED_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
     for result in results:
         assert result.total[0] == result.total[1], grade.format_result(result)
 

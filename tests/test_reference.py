@@ -322,7 +322,8 @@ def test_bad_input_raises_an_error_naming_the_argument(name, call, error, messag
 
 # -- the NaN rule: a NaN output row gets a NaN lse ------------------------------------
 
-@pytest.mark.parametrize("impl", ["reference", "naive", "flash_numpy", "flash_numpy_fa1", "flash_numba_cpu"])
+@pytest.mark.parametrize("impl", ["reference", "naive", "flash_numpy", "flash_numpy_fa1", "flash_numba_cpu",
+                                  "flash_numba_cuda"])
 def test_a_nan_in_v_reaches_rows_that_cannot_see_it_and_those_rows_get_a_nan_lse(impl):
     from course_lib.kernels import flash_numpy
 

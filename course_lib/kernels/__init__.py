@@ -15,6 +15,7 @@ IMPLS = {
     "naive": "course_lib.kernels.naive",
     "flash_numpy": "course_lib.kernels.flash_numpy",
     "flash_numba_cpu": "course_lib.kernels.flash_numba_cpu",
+    "flash_numba_cuda": "course_lib.kernels.flash_numba_cuda",
 }
 
 # Impls that compute attention for the learner; exercises may not call them.

@@ -1,0 +1,120 @@
+"""Exercise set 09's checks fail on plausible wrong answers (and pass the solutions).
+
+Each case takes the solution notebook, swaps one answer for a mistake a learner
+would make, and runs the setup, the answer and its check cell in one namespace:
+the check must raise CheckFailed.  Where the mistake is a race, a barrier that
+not every thread reaches or an access out of bounds, the FAIL line must be
+cudacheck's: a kernel must not pass, or fail only on its numbers, by luck."""
+import functools
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib import checks
+
+SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "09_numba_cuda.ipynb"
+CUDACHECK = "cudacheck found"   # what cuda_check prints when cudacheck flags a kernel
+
+
+def cells():
+    nb = nbformat.read(SOLUTION, as_version=4)
+    by_id = {cell.id: cell.source for cell in nb.cells if cell.cell_type == "code"}
+    answers = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
+               if "answer" in cell.metadata.get("tags", [])}
+    checks_ = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
+               if "check" in cell.metadata.get("tags", [])}
+    return by_id, answers, checks_
+
+
+@functools.lru_cache(maxsize=1)
+def setup_namespace():
+    """The setup cells, run once, leaving this process's environment as it was
+    (numba is already imported here; cudacheck runs either kind of kernel)."""
+    by_id = cells()[0]
+    before = os.environ.get("NUMBA_ENABLE_CUDASIM")
+    namespace = {}
+    try:
+        exec(by_id["setup-answers"], namespace)
+    finally:
+        if before is None:
+            os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+        else:
+            os.environ["NUMBA_ENABLE_CUDASIM"] = before
+    exec(by_id["s09-03"], namespace)
+    return namespace
+
+
+def run(exercise, edit=None):
+    by_id, answers, check_ids = cells()
+    namespace = dict(setup_namespace())
+    source = by_id[answers[exercise]]
+    if edit is not None:
+        old, new = edit
+        assert old in source, f"the edit must change the solution: {old!r} not in it"
+        source = source.replace(old, new)
+    exec(source, namespace)
+    exec(by_id[check_ids[exercise]], namespace)
+
+
+# (exercise, (old, new), True when cudacheck must be the one to fail it)
+WRONG = {
+    "9.1": [(("c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x\n    r = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y",
+              "r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x\n    c = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y"),
+             False),                                                                  # x taken as the row axis
+            (("if r < x.shape[0] and c < x.shape[1]:", "if r < x.shape[0]:"), True),  # one tail guarded
+            (("out[r, c] = 2 * x[r, c] + c", "out[r, c] = 2 * x[r, c] + r"), False)],
+    "9.2": [(("    cuda.syncthreads()\n", "\n"), True),                                 # no barrier after the load
+            (("for x in range(t, n_c * D, cuda.blockDim.x):", "for x in range(t, BC * D, cuda.blockDim.x):"),
+             True),                                                                   # no tail: reads past Nk
+            (("Kj[x // D, x % D] = k[c0 + x // D, x % D]", "Kj[x // DMAX, x % DMAX] = k[c0 + x // DMAX, x % DMAX]"),
+             True),                                                                  # the padded width as the stride
+            (("for x in range(t, n_c * D, cuda.blockDim.x):\n        Kj[x // D, x % D] = k[c0 + x // D, x % D]",
+              "for x in range(t, n_c * D, cuda.blockDim.x):\n        Kj[x // D, x % D] = k[c0 + x // D, x % D]\n"
+              "    for x in range(t, n_c * D, cuda.blockDim.x):\n        Kj[x // D, x % D] = k[c0 + x // D, x % D]"),
+             False)],                                                                 # every element read twice
+    "9.3": [(("        cuda.syncthreads()                 # everyone has read it before the next load\n", ""),
+             True),                                                                   # the second barrier missing
+            (("        cuda.syncthreads()                 # the tile is complete before anyone reads it\n", ""),
+             True),                                                                   # the first one missing
+            (("        cuda.syncthreads()                 # the tile is complete before anyone reads it\n",
+              "        cuda.syncthreads()\n        cuda.syncthreads()\n"), False)],     # one barrier too many
+    "9.4": [(("l = alpha * l + p", "l = l + p"), False),                               # the sum not rescaled
+            (("            if m_new == -math.inf:\n                continue                   # nothing seen yet: the state stays (-inf, 0)\n", ""),
+             False),                                                                  # exp(-inf - -inf): NaN
+            (("o[e] = alpha * o[e] + p * V[j, e]", "o[e] = o[e] + p * V[j, e]"), False)],
+    "9.5": [(("            l *= alpha\n", ""), False),                                 # l not rescaled
+            (("for c in range(n_c):\n                p = math.exp", "for c in range(BK):\n                p = math.exp"),
+             False),                                                                   # past the tail: stale scores
+            (("p = math.exp(s_i[c] - m_new)", "p = math.exp(s_i[c] - m)"), False)],   # the old max
+    "9.6": [(("        if kind == 0:                      # EMPTY: the whole block skips it, nothing loaded\n"
+              "            continue\n", ""), False),                                   # never skips: reads everything
+            (("masked = kind == 1 and j > i + offset", "masked = False"), False),      # never masks
+            (("masked = kind == 1 and j > i + offset", "masked = kind == 1 and j > i"), False),  # top-left, not bottom-right
+            (("masked = kind == 1 and j > i + offset", "masked = kind != 2 and j >= i + offset"), False)],  # off by one
+    "9.7": [(("    acc = float32(0.0)\n    for t in", "    if row >= M or col >= N:\n        return\n    acc = float32(0.0)\n    for t in"),
+             True),                                                                   # the colleague's early return
+            (("As[ty, tx] = A[row, k + tx] if row < M and k + tx < K else float32(0.0)",
+              "if row < M and k + tx < K:\n            As[ty, tx] = A[row, k + tx]"), False),  # no zeros past the edge
+            (("    if row < M and col < N:                    # guard the store, not the barriers\n        C[row, col] = acc",
+              "    C[row, col] = acc"), True)],                                       # the store unguarded
+}
+CASES = [(exercise, edit, by_cudacheck) for exercise, edits in WRONG.items() for edit, by_cudacheck in edits]
+
+
+@pytest.mark.parametrize("exercise", sorted(WRONG))
+def test_the_solution_passes_its_check(exercise, capsys):
+    run(exercise)
+    assert "FAIL" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise,edit,by_cudacheck", CASES,
+                         ids=[f"{e}-{i}" for e, edits in WRONG.items() for i in range(len(edits))])
+def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, by_cudacheck, capsys):
+    with pytest.raises(checks.CheckFailed):
+        run(exercise, edit)
+    out = capsys.readouterr().out
+    assert "FAIL" in out
+    if by_cudacheck:
+        assert CUDACHECK in out, out
