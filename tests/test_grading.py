@@ -755,3 +755,11 @@ def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
         session.exec(["import numpy as np"], timeout=60)
         assert session.exec([cell], timeout=120) == {"twice": "callable", "njit": "callable", "prange": "callable"}
         assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_a_set_the_sandbox_cannot_grade_yet_says_so_instead_of_scoring_zero():
+    # set 09's solution would score 0 through the sandbox; the grader must say why, for every exercise
+    result = grade.grade(nf.REPO / "solutions" / "09_numba_cuda.ipynb", grade.Course(nf.REPO))
+    assert result.exercise_set == "09_numba_cuda" and result.rows
+    assert all(r.status == "error" and "cannot be graded in the sandbox yet" in r.reason for r in result.rows)
+    assert set(grade.NOT_GRADABLE_YET) == set(NOT_YET_SANDBOXED)

@@ -734,6 +734,15 @@ def grade(path, course: Course, options: Options | None = None) -> Result:
         return Result(str(path), "", [Row("*", "error", 0, 0, f"grader error ({type(exc).__name__}: {exc})")])
 
 
+# Sets whose checks the sandboxed grader cannot run yet, and why: each exercise is
+# reported with this reason instead of a score that would look like the learner's.
+NOT_GRADABLE_YET = {
+    "09_numba_cuda": "set 09 cannot be graded in the sandbox yet: its checks hand your kernel to cudacheck, "
+                     "and a kernel cannot cross from the sandbox to the grader; its check cells in the notebook "
+                     "(and nbval) do check it",
+}
+
+
 def _grade(path, course, options):
     try:
         sub = load_submission(path)
@@ -743,6 +752,9 @@ def _grade(path, course, options):
     pristine = course.notebook(name)
     exercises = exercises_of(pristine)
     result = Result(str(path), name)
+    if name in NOT_GRADABLE_YET:
+        result.rows = [Row(ex.name, "error", 0, ex.points, NOT_GRADABLE_YET[name]) for ex in exercises]
+        return result
     matched, notes = match_cells(sub, pristine)
     decided = {}
     try:
