@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -136,3 +137,34 @@ def with_answers(exercise_nb, solution_nb, exercises):
         for answer in cells(nb, "answer", name):
             answer.source = cell(solution_nb, answer.id).source
     return nb
+
+
+# -- running one exercise of a real solution, with a planted mistake ----------------------
+
+@dataclass(frozen=True)
+class SolutionCells:
+    """A solution notebook's code cells by id, and its answer and check cell ids by exercise."""
+
+    by_id: dict
+    answers: dict
+    checks: dict
+
+    @classmethod
+    def read(cls, path):
+        nb = nbformat.read(path, as_version=4)
+        by_exercise = {tag: {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
+                             if tag in cell.metadata.get("tags", [])} for tag in ("answer", "check")}
+        return cls({cell.id: cell.source for cell in nb.cells if cell.cell_type == "code"},
+                   by_exercise["answer"], by_exercise["check"])
+
+    def run(self, namespace, exercise, edit=None, before=()):
+        """Run ``before`` cells, exercise's answer (with ``edit`` = (old, new) applied) and its check in ``namespace``."""
+        for cell_id in before:  # cells the exercise builds on
+            exec(self.by_id[cell_id], namespace)
+        source = self.by_id[self.answers[exercise]]
+        if edit is not None:
+            old, new = edit
+            assert old in source, f"the edit must change the solution: {old!r} not in it"
+            source = source.replace(old, new)
+        exec(source, namespace)
+        exec(self.by_id[self.checks[exercise]], namespace)

@@ -7,45 +7,31 @@ source, so each differs from a right answer in exactly the way named."""
 import functools
 from pathlib import Path
 
-import nbformat
 import pytest
+
+import notebook_factory as nf
 
 from course_lib import checks
 
 SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "08_numba_cpu.ipynb"
 
 
-def cells():
-    nb = nbformat.read(SOLUTION, as_version=4)
-    by_id = {cell.id: cell.source for cell in nb.cells if cell.cell_type == "code"}
-    answers = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
-               if "answer" in cell.metadata.get("tags", [])}
-    checks_ = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
-               if "check" in cell.metadata.get("tags", [])}
-    return by_id, answers, checks_
+@functools.lru_cache(maxsize=1)
+def solution():
+    return nf.SolutionCells.read(SOLUTION)
 
 
 @functools.lru_cache(maxsize=1)
 def setup_namespace():
     """The setup cell, run once: its compiled rules are compiled once for every case."""
     namespace = {}
-    exec(cells()[0]["setup-answers"], namespace)
-    exec(cells()[0]["s08-02"], namespace)
+    exec(solution().by_id["setup-answers"], namespace)
+    exec(solution().by_id["s08-02"], namespace)
     return namespace
 
 
 def run(exercise, edit=None, before=()):
-    by_id, answers, check_ids = cells()
-    namespace = dict(setup_namespace())
-    for cell_id in before:            # cells the exercise builds on
-        exec(by_id[cell_id], namespace)
-    source = by_id[answers[exercise]]
-    if edit is not None:
-        old, new = edit
-        assert old in source, f"the edit must change the solution: {old!r} not in it"
-        source = source.replace(old, new)
-    exec(source, namespace)
-    exec(by_id[check_ids[exercise]], namespace)
+    solution().run(dict(setup_namespace()), exercise, edit, before)
 
 
 BUGGY = "s08-19"  # 8.5's given cell: the colleague's kernel and run_plan

@@ -9,8 +9,9 @@ import functools
 import os
 from pathlib import Path
 
-import nbformat
 import pytest
+
+import notebook_factory as nf
 
 from course_lib import checks
 
@@ -18,21 +19,16 @@ SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "09_numba_cuda
 CUDACHECK = "cudacheck found"   # what cuda_check prints when cudacheck flags a kernel
 
 
-def cells():
-    nb = nbformat.read(SOLUTION, as_version=4)
-    by_id = {cell.id: cell.source for cell in nb.cells if cell.cell_type == "code"}
-    answers = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
-               if "answer" in cell.metadata.get("tags", [])}
-    checks_ = {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
-               if "check" in cell.metadata.get("tags", [])}
-    return by_id, answers, checks_
+@functools.lru_cache(maxsize=1)
+def solution():
+    return nf.SolutionCells.read(SOLUTION)
 
 
 @functools.lru_cache(maxsize=1)
 def setup_namespace():
     """The setup cells, run once, leaving this process's environment as it was
     (numba is already imported here; cudacheck runs either kind of kernel)."""
-    by_id = cells()[0]
+    by_id = solution().by_id
     before = os.environ.get("NUMBA_ENABLE_CUDASIM")
     namespace = {}
     try:
@@ -47,15 +43,7 @@ def setup_namespace():
 
 
 def run(exercise, edit=None):
-    by_id, answers, check_ids = cells()
-    namespace = dict(setup_namespace())
-    source = by_id[answers[exercise]]
-    if edit is not None:
-        old, new = edit
-        assert old in source, f"the edit must change the solution: {old!r} not in it"
-        source = source.replace(old, new)
-    exec(source, namespace)
-    exec(by_id[check_ids[exercise]], namespace)
+    solution().run(dict(setup_namespace()), exercise, edit)
 
 
 # (exercise, (old, new), True when cudacheck must be the one to fail it)
