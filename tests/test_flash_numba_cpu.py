@@ -2,6 +2,7 @@
 reference on random problems, its pieces (the micro-kernel, the vectorised
 exp), the host's tile plan, threads, and the rule that an impl which fails to
 import is an error, not a silent drop from available_impls()."""
+import dataclasses
 import math
 import sys
 
@@ -95,13 +96,7 @@ def test_exp_row_subtracts_the_shift():
 
 def run_with_plan(q, k, v, opts, mask, change_plan):
     plan, qa, ka, va = launch.prepare(q, k, v, opts, mask, 16, 16)
-    tiles = change_plan(plan.tiles.copy())
-    out = np.empty((*q.shape[:3], v.shape[3]), np.float64)
-    lse = np.empty(q.shape[:3], np.float64)
-    fnc.forward_kernel(qa, ka, va, tiles, plan.kv_head, plan.Br, plan.Bc, plan.softmax_scale,
-                       plan.softcap, plan.alibi, plan.slopes, plan.offset, plan.left, plan.right,
-                       plan.round_bits, plan.round_min_exponent, False, out, lse)
-    return out, lse
+    return fnc.run_kernel(dataclasses.replace(plan, tiles=change_plan(plan.tiles.copy())), qa, ka, va)
 
 
 @pytest.mark.parametrize("change,what", [

@@ -238,19 +238,24 @@ if numba is not None:
                        offset, left, right, round_bits, round_min_exponent, fast_exp, out, lse)
 
 
-def flash_forward(q, k, v, opts, mask):
-    """The compiled forward for validated dense inputs: (out in q's dtype, lse)."""
-    launch, qa, ka, va = host.prepare(q, k, v, opts, mask, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K)
+def run_kernel(launch, q, k, v):
+    """Launch ``forward_kernel`` with a host plan on prepared (contiguous, acc-dtype) q, k, v: (out, lse) in acc dtype."""
     B, H, Nq, _ = q.shape
     out = np.empty((B, H, Nq, v.shape[3]), dtype=launch.acc_dtype)
     lse = np.empty((B, H, Nq), dtype=launch.acc_dtype)
     try:
-        forward_kernel(qa, ka, va, launch.tiles, launch.kv_head, launch.Br, launch.Bc,
+        forward_kernel(q, k, v, launch.tiles, launch.kv_head, launch.Br, launch.Bc,
                        launch.softmax_scale, launch.softcap, launch.alibi, launch.slopes,
                        launch.offset, launch.left, launch.right, launch.round_bits,
                        launch.round_min_exponent, launch.acc_dtype == np.float32, out, lse)
     except numba.core.errors.NumbaError as error:
-        raise RuntimeError(f"flash_numba_cpu failed to compile for {qa.dtype} inputs: {error}") from error
+        raise RuntimeError(f"flash_numba_cpu failed to compile for {q.dtype} inputs: {error}") from error
+    return out, lse
+
+
+def flash_forward(q, k, v, opts, mask):
+    """The compiled forward for validated dense inputs: (out in q's dtype, lse)."""
+    out, lse = run_kernel(*host.prepare(q, k, v, opts, mask, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K))
     # The NaN rule, on the host like every impl: a NaN in V reaches rows that
     # cannot see its key through 0 * NaN, and such a row must not report an lse
     # that looks healthy.
