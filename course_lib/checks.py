@@ -46,6 +46,11 @@ HEAT_CHARS = " .:*#"  # share of elements off in a heat-map cell: 0, <25%, <50%,
 class CheckFailed(AssertionError):
     """An answer did not match; the message is the one-line verdict."""
 
+    def _render_traceback_(self):
+        """What IPython shows instead of a traceback into this file: the report above says where."""
+        return [f"CheckFailed: {self}",
+                "(the lines above say where; fix your answer, run its cell, then this check again)"]
+
 
 @dataclass
 class Verdict:
@@ -88,11 +93,24 @@ def _errors(actual, expected):
     return a, e, np.where(np.isnan(err), np.inf, err)
 
 
-def _heat_map(bad: np.ndarray, rows=12, cols=32) -> str:
-    """Text picture of where the mismatches are: rows down, last axis across."""
-    grid = bad.reshape(-1, bad.shape[-1]) if bad.ndim >= 2 else bad.reshape(1, -1)
-    if bad.ndim > 2:  # fold leading axes (batch, heads) onto the rows they belong to
-        grid = bad.reshape(-1, bad.shape[-2], bad.shape[-1]).any(axis=0)
+def _heat_map(bad: np.ndarray, rows=12, cols=32, row_axis=None) -> str:
+    """Text picture of where the mismatches are.
+
+    For an attention output (``row_axis`` given: the query axis) the picture keeps
+    the head axis: query rows down, heads across, so a head that reads the wrong
+    K/V head shows as one bad column and a tail tile as the bottom rows.  Any
+    other array: rows down, last axis across, leading axes folded.
+    """
+    r = None if row_axis is None else row_axis % bad.ndim
+    if r is not None and r >= 1:  # (..., heads, rows, ...): rows down, heads across, the rest folded
+        per = np.moveaxis(bad, (r - 1, r), (0, 1))
+        grid = per.reshape(per.shape[0], per.shape[1], -1).any(axis=2).T
+        across = "heads"
+    else:
+        grid = bad.reshape(-1, bad.shape[-1]) if bad.ndim >= 2 else bad.reshape(1, -1)
+        if bad.ndim > 2:  # fold leading axes (batch, heads) onto the rows they belong to
+            grid = bad.reshape(-1, bad.shape[-2], bad.shape[-1]).any(axis=0)
+        across = "last axis" if grid.shape[1] > 1 else "value"
     r_edges = np.linspace(0, grid.shape[0], min(rows, grid.shape[0]) + 1).astype(int)
     c_edges = np.linspace(0, grid.shape[1], min(cols, grid.shape[1]) + 1).astype(int)
     lines = []
@@ -102,15 +120,22 @@ def _heat_map(bad: np.ndarray, rows=12, cols=32) -> str:
             share = grid[r0:r1, c0:c1].mean()
             cells.append(HEAT_CHARS[0] if share == 0 else HEAT_CHARS[min(4, 1 + int(share * 4))])
         lines.append(f"  rows {r0:>5}-{r1 - 1:<5} |{''.join(cells)}|")
-    across = "last axis" if grid.shape[1] > 1 else "value"
-    return "\n".join([f"  where the errors are ({across} across, '{HEAT_CHARS}' = none .. all off):"] + lines)
+    head = f"  where the errors are ({across} across, '{HEAT_CHARS}' = none .. all off):"
+    if across == "heads":
+        off = [int(h) for h in np.flatnonzero(grid.any(axis=0))]
+        shown = ", ".join(map(str, off[:12])) + (", ..." if len(off) > 12 else "")
+        head = (f"  errors in {len(off)} of {grid.shape[1]} heads ({shown}); "
+                f"rows down, heads across ('{HEAT_CHARS}' = none .. all off):")
+    return "\n".join([head] + lines)
 
 
-def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", block_q=64) -> Verdict:
+def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", block_q=None, row_axis=-2) -> Verdict:
     """The verdict of ``actual`` against ``expected`` without printing or raising.
 
     An element is off when its error exceeds both ``bound`` (a single number,
-    when given) and ``atol + rtol * |expected|``.
+    when given) and ``atol + rtol * |expected|``.  ``block_q`` is given only
+    for attention outputs (``row_axis`` is then their query axis): the report
+    names the query tile of the worst element and draws rows against heads.
     """
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.dtype.kind not in "biuf" and actual.dtype.name != "bfloat16":
@@ -129,38 +154,45 @@ def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", 
     if not bad.any():
         return Verdict(True, f"PASS {name}: {_shape(actual)} {actual.dtype.name} within {rule}")
     worst = np.unravel_index(np.argmax(np.where(bad, err / np.maximum(limit, 1e-300), -1)), err.shape)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = err / np.abs(e)
-    finite_rel = rel[np.isfinite(rel)]
     lines = [f"  worst element {tuple(int(i) for i in worst)}: got {a[worst]:.6g}, expected {e[worst]:.6g}"]
-    if a.ndim >= 2:
-        row = int(worst[-2])
-        lines.append(f"  that is row {row}, in query tile {row // block_q} of {block_q} rows")
-    lines += [
-        f"  max abs error {err.max():.3g}, max rel error {finite_rel.max() if finite_rel.size else float('inf'):.3g}"
-        f" (allowed: {rule})",
-        f"  {int(bad.sum())} of {bad.size} elements off ({100 * bad.mean():.1f}%)",
-    ]
+    tiled = block_q is not None and a.ndim >= max(1, -row_axis)
+    if tiled:
+        row = int(worst[row_axis])
+        lines.append(f"  that is query row {row}, in query tile {row // block_q} of {block_q} rows")
+    special = ~np.isfinite(err)  # NaN or inf where the expected value differs: no relative error means anything
+    if special.any():
+        lines.append(f"  {int(special.sum())} element(s) NaN or inf where a different value was expected "
+                     f"(max abs error inf; allowed: {rule})")
+        finite = bad & ~special
+        if finite.any():
+            lines.append(f"  among the finite ones, max abs error {err[finite].max():.3g}")
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(bad, err / np.abs(e), 0.0)
+        lines.append(f"  max abs error {err.max():.3g}, max rel error {rel.max():.3g} (allowed: {rule})")
+    lines.append(f"  {int(bad.sum())} of {bad.size} elements off ({100 * bad.mean():.1f}%)")
     if np.isnan(a).any() and not np.isnan(e).any():
         lines.append(f"  {int(np.isnan(a).sum())} NaN in your answer: a 0/0 or inf - inf somewhere?")
     if a.ndim >= 1:
-        lines.append(_heat_map(bad))
+        lines.append(_heat_map(bad, row_axis=row_axis if tiled else None))
     return Verdict(False, f"FAIL {name}: {int(bad.sum())} of {bad.size} elements differ", "\n".join(lines))
 
 
-def check_close(name, actual, expected, *, dtype=None, atol=None, rtol=None, block_q=64) -> None:
+def check_close(name, actual, expected, *, dtype=None, atol=None, rtol=None, block_q=None, row_axis=-2) -> None:
     """Check an array elementwise against the expected one (compute that in float64).
 
     The tolerance is that of ``dtype``, the dtype the exercise asks for
     (default: the expected array's), never that of the answer: a float16
-    answer to a float32 case is held to float32's bounds.
+    answer to a float32 case is held to float32's bounds.  Give ``block_q``
+    (and ``row_axis``, the query axis) only for an attention output or its lse:
+    a failure then names the query tile and draws the rows against the heads.
     """
     dtype = np.dtype(np.asarray(expected).dtype if dtype is None else dtype)
     default_atol, default_rtol = tolerance(dtype if dtype.kind == "f" or dtype.name == "bfloat16" else np.float64)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     return _announce(compare(name, actual, expected, atol=atol, rtol=rtol,
-                             rule=f"atol {atol:g}, rtol {rtol:g}", block_q=block_q))
+                             rule=f"atol {atol:g}, rtol {rtol:g}", block_q=block_q, row_axis=row_axis))
 
 
 def check_value(name, actual, expected, *, rtol=1e-6, atol=0.0) -> None:
@@ -257,7 +289,7 @@ def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -
     if verdict.passed and lse is not None:
         lse_bound, lse_atol, lse_rtol, lse_rule = lse_tolerance(q, k, v, expected, expected_lse, **options)
         verdict = compare(f"{label} lse", lse, expected_lse, bound=lse_bound, atol=lse_atol, rtol=lse_rtol,
-                          rule=lse_rule, block_q=block_q)
+                          rule=lse_rule, block_q=block_q, row_axis=-1)
         if verdict.passed:
             verdict.line = f"PASS {label}: out and lse within {rule}"
     return _announce(verdict)

@@ -1,0 +1,83 @@
+"""What a failing check tells a learner: it fits the output it checks.
+
+A failure names a query tile only for attention outputs, never prints a
+relative error beside an infinite absolute one, keeps the head axis in the
+heat map of an attention output (a GQA head-mapping mistake is one bad head),
+and shows IPython a two-line summary instead of a traceback into checks.py.
+"""
+import numpy as np
+import pytest
+
+import course_lib
+from course_lib import checks
+
+
+def report(call):
+    with pytest.raises(checks.CheckFailed) as failed:
+        call()
+    return failed.value
+
+
+def test_a_plain_array_failure_says_nothing_of_tiles(capsys):
+    wrong = np.ones((40, 50))
+    wrong[37, 3] = 2
+    report(lambda: checks.check_close("scores", wrong, np.ones((40, 50))))
+    out = capsys.readouterr().out
+    assert "worst element (37, 3)" in out and "tile" not in out
+
+
+def test_an_attention_failure_names_the_query_row_and_tile(capsys):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 70, 8)) for _ in range(3))
+    out = course_lib.attention(q, k, v)
+    out[0, 1, 66] += 1  # one row of the second query tile of 64
+    report(lambda: checks.check_attention(out, q, k, v, name="att"))
+    text = capsys.readouterr().out
+    assert "query row 66, in query tile 1 of 64 rows" in text
+    assert "errors in 1 of 2 heads (1)" in text
+
+
+def test_the_lse_tile_is_read_from_its_last_axis(capsys):
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 3, 40, 8)) for _ in range(3))
+    out, lse = course_lib.attention(q, k, v, return_lse=True)
+    lse[0, 2, 33] += 1
+    report(lambda: checks.check_attention(out, q, k, v, name="att", lse=lse, block_q=16))
+    text = capsys.readouterr().out
+    assert "query row 33, in query tile 2 of 16 rows" in text and "errors in 1 of 3 heads (2)" in text
+
+
+def test_nan_or_inf_errors_give_no_relative_error(capsys):
+    wrong = np.full((4, 5), 1e-16)
+    wrong[1, 2] = np.inf
+    report(lambda: checks.check_close("softmax", wrong, np.full((4, 5), 1e-16 + 1e-22)))
+    text = capsys.readouterr().out
+    assert "1 element(s) NaN or inf" in text and "max abs error inf" in text
+    assert "max rel error" not in text
+
+
+def test_the_relative_error_is_that_of_the_elements_off(capsys):
+    expected = np.array([1.0, 2.0, 4.0])
+    report(lambda: checks.check_close("x", expected * [1, 1, 1.5], expected))
+    assert "max abs error 2, max rel error 0.5" in capsys.readouterr().out
+
+
+def test_a_gqa_head_mapping_mistake_shows_as_the_wrong_heads(capsys):
+    rng = np.random.default_rng(3)
+    H, Hk = 6, 2
+    q = rng.standard_normal((2, H, 37, 16))
+    k, v = rng.standard_normal((2, Hk, 45, 16)), rng.standard_normal((2, Hk, 45, 8))
+    interleaved = [h % Hk for h in range(H)]  # the mistake: h % Hk instead of h // (H // Hk)
+    wrong = course_lib.attention(q, k[:, interleaved], v[:, interleaved])
+    report(lambda: checks.check_attention(wrong, q, k, v, name="gqa"))
+    text = capsys.readouterr().out
+    assert "errors in 2 of 6 heads (1, 4)" in text
+    rows = [line for line in text.splitlines() if line.startswith("  rows")]
+    assert rows and all(line.endswith("| #  # |") for line in rows)  # heads 1 and 4 off on every row
+
+
+def test_ipython_shows_the_verdict_not_a_traceback():
+    failed = report(lambda: checks.check_value("bytes", 3, 4))
+    lines = failed._render_traceback_()
+    assert lines[0] == "CheckFailed: FAIL bytes: value is off"
+    assert len(lines) == 2 and not any("checks.py" in line for line in lines)
