@@ -21,8 +21,16 @@ $(STAMP): pyproject.toml
 # JupyterLab refuses to run as root unless told to (containers, Binder-like boxes).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# The server runs with .venv/bin first on PATH, so a notebook's `!python ...` and a JupyterLab
+# terminal find the course's Python (`python -m course_lib.grade` works in both).  A terminal is
+# bash reading .venv/bin/activate, not a login shell, which would reset PATH from /etc/profile.
+BASH := $(shell command -v bash)
+ifneq ($(BASH),)
+TERMINAL := --ServerApp.terminado_settings='{"shell_command": ["$(BASH)", "--rcfile", "$(CURDIR)/$(BIN)/activate", "-i"]}'
+endif
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_start_here.ipynb
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir="$(CURDIR)" $(TERMINAL) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions $(NBVAL) $(PYTEST_ARGS)
