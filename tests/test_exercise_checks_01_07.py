@@ -34,11 +34,19 @@ WRONG = {
     "2.7": [(SHARE, "predicted_share = 0.5"),
             (SHARE, "predicted_share = 2 * 2048**2 / (4 * 2048 * 64 + 2 * 2048**2)"),  # S and P written, never read
             ("seqlen_for_half = 64", "seqlen_for_half = 128")],
+    "2.8": [("pairs = sum(min(seqlen_k, max(0, i + offset + 1)) for i in range(seqlen_q))",
+             "pairs = seqlen_q * seqlen_k // 2"),                               # the bug itself
+            ("max(0, i + offset + 1)", "max(0, i + 1)")],                       # top-left: wrong when Nq != Nk
     "3.7": [(L4_TILE, "l4_tile = (64, 64)"),                                     # fits, twice the traffic
             (L4_TILE, "l4_tile = (256, 64)"),                                    # does not fit
             ("l4_shared_bytes = tile_shared_bytes(*l4_tile, 128, 2)",
              "l4_shared_bytes = tile_shared_bytes(*l4_tile, 128, 2, kv_stages=2)"),
             ("fa2_hbm_bytes(8192, 8192, 128, 2, l4_tile[0])", "fa2_hbm_bytes(8192, 8192, 128, 2, l4_tile[1])")],
+    "3.8": [("if j0 <= i1 - 1 + offset]", "if j0 <= i0 + offset]"),              # the bug itself
+            ("if j0 <= i1 - 1 + offset]", "if j0 <= i1 + offset]")],             # reads one tile too many
+    "3.9": [("predicted_sram_bytes = shared + registers", "predicted_sram_bytes = shared"),  # the tiles alone
+            ("+ 64 * 64 * 2     # m, l", "     # m, l"),                        # forgot P's float16 copy
+            ("register_share = registers / predicted_sram_bytes", "register_share = 0.5")],
     "4.7": [("float16_exp_limit = math.log(65504)", "float16_exp_limit = math.log(3.4028235e38)"),
             ("bfloat16_exp_limit = math.log(3.39e38)", "bfloat16_exp_limit = math.log(65504)")],
     "4.8": [("O = alpha[:, None] * O + p @ v[j:j + Bc]", "O = O + p @ v[j:j + Bc]"),  # the bug itself
