@@ -150,8 +150,10 @@ def draw_step(trace: Trace, step: int, fig=None):
 
 
 def _png(fig) -> bytes:
+    from .widgets import PNG_DPI
+
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72)
+    fig.savefig(buf, format="png", dpi=PNG_DPI)
     return buf.getvalue()
 
 
@@ -165,11 +167,15 @@ def stepthrough_widget(trace: Trace | None = None, start: int = 1):
     import ipywidgets as widgets
     from matplotlib.figure import Figure
 
+    from .widgets import figure_box_class, figure_image
+
     trace = trace if trace is not None else demo_trace()
     slider = widgets.IntSlider(value=start, min=1, max=trace.Tc, step=1, description="K/V tiles",
                                continuous_update=False)
-    image = widgets.Image(format="png")
-    box = widgets.VBox([slider, image])
+    image = figure_image(widgets, (11, 6.2))
+    box = figure_box_class()([slider, image])
+    box.description = "the online-softmax step-through"
+    box.add_class("stepthrough")
     box.slider, box.image, box.trace = slider, image, trace
 
     def redraw(change=None):

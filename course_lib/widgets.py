@@ -18,6 +18,7 @@ Sections, one per chapter; later chapters add theirs at the end:
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import html
@@ -49,6 +50,10 @@ def _import_widgets():
     return ipywidgets
 
 
+PNG_DPI = 160  # the figure is drawn at 1.6x the pixels it is shown at: sharp on a high-DPI screen
+SHOWN_DPI = 100  # CSS pixels per inch of figsize in the notebook
+
+
 def _png(draw, result, figsize) -> bytes:
     """Draw on a figure that pyplot does not track (no stray inline copies) and return PNG bytes."""
     from matplotlib.figure import Figure
@@ -56,14 +61,51 @@ def _png(draw, result, figsize) -> bytes:
     fig = Figure(figsize=figsize)
     draw(fig, result)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
+    fig.savefig(buf, format="png", dpi=PNG_DPI)
     return buf.getvalue()
+
+
+def figure_image(widgets, figsize):
+    """An Image widget that shows a PNG drawn at PNG_DPI at figsize's size (never wider than the page)."""
+    image = widgets.Image(format="png")
+    image.layout.width = f"{figsize[0] * SHOWN_DPI:.0f}px"
+    image.layout.max_width = "100%"
+    image.add_class("explorer-figure")
+    return image
+
+
+@functools.lru_cache(maxsize=1)
+def figure_box_class():
+    """``FigureBox``: an ipywidgets VBox whose output carries its figure as a PNG too.
+
+    A notebook stores a widget's output as a reference to a live model that a
+    reader of the file never has: nbviewer and GitHub show its text
+    (``Explorer(children=(HBox(...``) and JupyterLab, before the cell is run,
+    "model not found".  A FigureBox adds ``image/png`` (the figure it shows,
+    from its ``image`` widget) and a one-line ``text/plain``, so the stored
+    output is the static figure; run the cell and the live widget replaces it.
+    """
+    widgets = _import_widgets()
+
+    class FigureBox(widgets.VBox):
+        description = "an interactive figure"
+
+        def _repr_mimebundle_(self, **kwargs):
+            data = super()._repr_mimebundle_(**kwargs) or {}
+            png = getattr(getattr(self, "image", None), "value", b"")
+            if png:
+                data["image/png"] = base64.b64encode(png).decode("ascii")
+            data["text/plain"] = (f"<{self.description}: run this cell in JupyterLab to move its controls; "
+                                  "the image is the figure for the values it was run with>")
+            return data
+
+    return FigureBox
 
 
 def _explorer_class():
     widgets = _import_widgets()
 
-    class Explorer(widgets.VBox):
+    class Explorer(figure_box_class()):
         """Controls, a summary (``summary.value`` is HTML) and the figure (``image.value`` is PNG bytes).
 
         ``controls``: name -> widget, set ``.value`` to drive it; ``result``: the
@@ -78,8 +120,8 @@ def _explorer_class():
             self._holding = False
             self.summary = widgets.HTML()
             self.summary.add_class("explorer-summary")
-            self.image = widgets.Image(format="png")
-            self.image.add_class("explorer-figure")
+            self.image = figure_image(widgets, figsize)
+            self.description = name.replace("-", " ")
             for key, control in controls.items():
                 control.add_class(f"control-{key}")
                 control.observe(self.update, names="value")
@@ -131,6 +173,13 @@ def _dropdown(widgets, label, options, value):
 
 # -- chapter 03: the tile-size explorer ---------------------------------------------------
 
+def _versus_naive(naive_bytes, flash_bytes) -> str:
+    """'3.2x fewer bytes' or '1.9x more bytes': never '0.5x less' for twice as much."""
+    if flash_bytes <= naive_bytes:
+        return f"{naive_bytes / flash_bytes:.1f}x fewer bytes"
+    return f"{flash_bytes / naive_bytes:.1f}x more bytes: at this N and tile, FA2's re-reads of K and V cost more than S"
+
+
 @dataclass(frozen=True)
 class TileSizeResult:
     """Everything the tile-size explorer shows for one setting of its controls."""
@@ -164,7 +213,7 @@ class TileSizeResult:
             f"fits: {'yes' if o.fits else 'NO'}; {o.reason}",
             f"traffic between chip and L2 + HBM at N={self.seqlen} (two-level count): naive "
             f"{self.naive.bytes / 2**20:,.1f} MiB, FlashAttention-2 {self.flash.bytes / 2**20:,.1f} MiB "
-            f"({self.naive.bytes / self.flash.bytes:.1f}x less)",
+            f"({_versus_naive(self.naive.bytes, self.flash.bytes)})",
             f"intensity: naive {self.naive.intensity:.1f}, flash {self.flash.intensity:.1f} FLOP/B "
             f"(ridge {hw.ridge(self._peak_dtype(hw)):.0f})",
             f"two-level estimate (all of it through HBM): naive {self.naive_bound.seconds * 1e3:.4g} ms "
@@ -218,25 +267,27 @@ def tile_size_numbers(block_q=64, block_k=64, head_dim=64, dtype="float16", hard
 
 
 def _draw_tile_size(fig, r: TileSizeResult):
-    ax_budget, ax_io, ax_err = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.5, 1, 1]})
+    # the budget across the top, traffic and the error map below: readable in a 1000-pixel column
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.35])
+    ax_budget, ax_io, ax_err = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     sram.draw_budget(ax_budget, r.budget, r.hardware)
     ax_budget.set_title(f"SRAM budget: {'fits' if r.occupancy.fits else 'does NOT fit'}"
                         f" ({r.occupancy.blocks_per_unit} per {roofline.hardware(r.hardware).unit_name})",
-                        fontsize=9, color="black" if r.occupancy.fits else "red")
+                        fontsize=10, color="black" if r.occupancy.fits else "red")
     names = ["naive", "flash (FA2)"]
     traffic = [r.naive.bytes / 2**20, r.flash.bytes / 2**20]
     bars = ax_io.bar(names, traffic, color=["#d62728", "#1f77b4"])
     for bar, t, bound in zip(bars, traffic, (r.naive_bound, r.flash_bound)):
         ax_io.text(bar.get_x() + bar.get_width() / 2, t, f"{t:,.0f} MiB\n>= {bound.seconds * 1e3:.3g} ms",
-                   ha="center", va="bottom", fontsize=7)
+                   ha="center", va="bottom", fontsize=9)
     ax_io.set_ylim(0, max(traffic) * 1.3)
-    ax_io.set_ylabel("chip <-> L2 + HBM (MiB, two-level count)")
-    ax_io.set_title(f"N = {r.seqlen}: traffic, two-level estimate", fontsize=9)
+    ax_io.set_ylabel("chip <-> L2 + HBM (MiB)")
+    ax_io.set_title(f"N = {r.seqlen}: traffic (two-level count)", fontsize=10)
     image = ax_err.imshow(r.error, aspect="auto", cmap="viridis", interpolation="nearest")
     for row in range(r.block_q, r.run_shape[0], r.block_q):  # query tile edges
         ax_err.axhline(row - 0.5, color="white", lw=0.8, ls="--")
     fig.colorbar(image, ax=ax_err, fraction=0.08)
-    ax_err.set_title(f"|tiled - reference|, max {r.max_error:.1e} ({r.run_dtype})", fontsize=9)
+    ax_err.set_title(f"|tiled - reference|, max {r.max_error:.1e} ({r.run_dtype})", fontsize=10)
     ax_err.set_xlabel("head dim")
     ax_err.set_ylabel("query row (dashed: tile edges)")
     fig.tight_layout()
@@ -251,7 +302,7 @@ def tile_size_figure(block_q=64, block_k=64, head_dim=64, dtype="float16", hardw
     return fig
 
 
-TILE_SIZE_FIGSIZE = (12, 3.4)
+TILE_SIZE_FIGSIZE = (9.5, 6.8)
 
 
 def tile_size_explorer(block_q=64, block_k=64, head_dim=64, dtype="float16", hardware="h100_sxm", seqlen=4096):
@@ -356,17 +407,20 @@ def _draw_roofline(fig, r: RooflineResult):
     roofline.draw_roofline(ax, [hw, r.measurement], points, dtype=r.dtype, intensity_range=(0.5, 3e3))
     exp_roof = r.measurement.exp_per_s * r.traffic["fa2"].flops / r.traffic["fa2"].exps
     ax.axhline(exp_roof, color="#555555", ls=":", lw=1.2)
-    ax.text(0.6, exp_roof * 1.15, "this machine's exp roof (numpy exp x FLOP per exp)", fontsize=7)
+    # the two exp roofs are labelled at opposite ends of their lines: close roofs never print on each other
+    ax.text(0.6, exp_roof * 1.15, "this machine's exp roof (numpy exp x FLOP per exp)", fontsize=8)
     if hw.exp_per_s is not None:
         hw_exp = float(hw.exp_per_s) * r.traffic["fa2"].flops / r.traffic["fa2"].exps
         ax.axhline(hw_exp, color="#1f77b4", ls=":", lw=1.2)
-        ax.text(0.6, hw_exp * 1.15, f"{hw.key} exp roof ({hw.exp_per_s.kind})", fontsize=7)
+        ax.text(2.8e3, hw_exp * (1.15 if hw_exp >= exp_roof else 0.72), f"{hw.name} exp roof ({hw.exp_per_s.kind})",
+                fontsize=8, ha="right", color="#1f77b4")
     ax.set_title(f"Attention on the roofline: N={r.seqlen}, D={r.head_dim}, {r.dtype}"
-                 f"{', causal' if r.causal else ''}", fontsize=10)
+                 f"{', causal' if r.causal else ''}", fontsize=11)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8, frameon=False)  # below: hides no point
     fig.tight_layout()
 
 
-ROOFLINE_FIGSIZE = (8, 4.8)
+ROOFLINE_FIGSIZE = (8, 6.2)
 
 
 def roofline_figure(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float16", causal=False, show="both",

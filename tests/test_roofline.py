@@ -147,6 +147,33 @@ def test_measure_this_machine_gives_plausible_positive_finite_figures():
     assert 1e6 < m.bandwidth < 1e14  # between a floppy and a stack of HBM
     assert m.threads >= 1 and m.date
     assert m.summary().startswith(m.cpu)
+    assert set(m.runs) == {"copy", "matmul float32", "matmul float64", "exp"} and min(m.runs.values()) >= 1
+    assert "timed runs: copy" in m.summary()
+
+
+def test_a_timing_repeats_until_its_fastest_runs_agree(monkeypatch):
+    """A noisy first few runs (a busy neighbour) are timed again until the fastest three agree."""
+    clock = iter([0, 10,  10, 11,  11, 15,  15, 16,  16, 17,  17, 18] + list(range(100, 200)))
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(clock))
+    best, runs = roofline._best_time(lambda: None, 3)
+    assert (best, runs) == (1, 5)  # durations 10, 1, 4, 1, 1: stable once three runs of 1 are in
+
+
+def test_a_timing_that_never_settles_stops_and_says_so(monkeypatch):
+    durations = iter(range(1, 100))  # every run slower than the last: the fastest three never agree
+    state = {"t": 0.0, "start": True}
+
+    def clock():
+        if not state["start"]:
+            state["t"] += next(durations)
+        state["start"] = not state["start"]
+        return state["t"]
+
+    monkeypatch.setattr(roofline.time, "perf_counter", clock)
+    best, runs = roofline._best_time(lambda: None, 3, max_runs=12)
+    assert runs == 12 and best == 1
+    m = fake_measurement(runs={"copy": roofline.MAX_RUNS, "exp": 3})
+    assert "never settled" in m.summary()
 
 
 def test_this_machine_as_hardware_has_only_measured_figures():

@@ -145,3 +145,46 @@ def test_roofline_explorer_shows_the_l2_aware_bound_beside_the_two_level_estimat
     assert not npu.flash_levels.kv_fits_l2  # no cache: its HBM traffic is the two-level count
     tile = widgets.tile_size_numbers(block_q=128, block_k=64, head_dim=128, hardware="h200", seqlen=8192)
     assert tile.flash_levels.hbm_bytes == tile.flash_levels.compulsory_bytes and "HBM for FA2" in tile.summary()
+
+
+# -- what a stored notebook shows where the widget was never run ------------------------------
+
+def _bundle(box):
+    data = box._repr_mimebundle_()
+    return data[0] if isinstance(data, tuple) else data
+
+
+def test_every_explorer_carries_its_figure_as_a_png_for_readers_of_the_stored_notebook():
+    """nbviewer, GitHub and a notebook opened before it runs show outputs only: a figure, not 'Explorer(children=...'."""
+    import base64
+
+    from course_lib import stepthrough
+    from course_lib.tilemap import tile_map_explorer
+
+    boxes = {"tile size": widgets.tile_size_explorer(), "tile map": tile_map_explorer(),
+             "step-through": stepthrough.stepthrough_widget()}
+    for name, box in boxes.items():
+        data = _bundle(box)
+        assert base64.b64decode(data["image/png"]) == box.image.value and box.image.value[:4] == b"\x89PNG", name
+        assert "children=" not in data["text/plain"] and "run this cell in JupyterLab" in data["text/plain"], name
+        assert "application/vnd.jupyter.widget-view+json" in data, name  # live in JupyterLab, as before
+
+
+def test_the_tile_map_of_many_tiles_is_one_image_not_a_patch_per_tile():
+    """1 x 1 tiles on 256 x 256 once drew 65,536 rectangles and locked the explorer for minutes."""
+    from course_lib.tilemap import MAX_DRAWN_TILES, plot_tile_map
+
+    fig = plot_tile_map(256, 256, 1, 1, causal=True)
+    ax = fig.axes[0]
+    assert len(ax.images) == 1 and len(ax.patches) == 0
+    assert len(ax.lines) == 0 and "too many tiles" in ax.get_title()  # no 510 grid lines either
+    fig = plot_tile_map(64, 64, 16, 16, causal=True)
+    assert len(fig.axes[0].lines) == 2 * 3 and 4 <= MAX_DRAWN_TILES  # borders while they can be seen
+
+
+def test_the_tile_map_explorer_redraws_on_release_not_on_every_step_of_a_drag():
+    from course_lib.tilemap import tile_map_explorer
+
+    box = tile_map_explorer()
+    sliders = [c for c in box.controls.values() if hasattr(c, "continuous_update")]
+    assert sliders and all(c.continuous_update is False for c in sliders)
