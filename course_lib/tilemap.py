@@ -97,6 +97,7 @@ def tile_map_explorer(seqlen_q=48, seqlen_k=64, block_q=16, block_k=16):
     Returns the ipywidgets box; its ``.controls`` dict holds the sliders and
     ``.counts`` the TileCounts of the map on display (tests drive both).
     """
+    import html
     import io
 
     import ipywidgets as W
@@ -115,7 +116,7 @@ def tile_map_explorer(seqlen_q=48, seqlen_k=64, block_q=16, block_k=16):
         left=W.IntSlider(-1, -1, 256, description="window left", **slider),
         right=W.IntSlider(-1, -1, 256, description="window right", **slider),
     )
-    summary = W.Label()
+    summary = W.HTML()
     summary.add_class("explorer-summary")
     image = figure_image(W, (6.5, 5.2))
     box = figure_box_class()([W.HBox([W.VBox(list(controls.values())[:4]), W.VBox(list(controls.values())[4:])]),
@@ -135,7 +136,7 @@ def tile_map_explorer(seqlen_q=48, seqlen_k=64, block_q=16, block_k=16):
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=PNG_DPI)
         image.value = buf.getvalue()  # the figure first, so that a changed summary means both are new
-        summary.value = str(box.counts)
+        summary.value = f"<pre style='line-height:1.25'>{html.escape(str(box.counts))}</pre>"
 
     for c in controls.values():
         c.observe(redraw, names="value")
