@@ -128,6 +128,11 @@ def test_what_is_outside_the_kernel_language_is_named_with_its_line(line):
     assert any(OUTSIDE[line] in p and "line 6" in p for p in problems), problems
 
 
+def test_a_kernel_named_like_the_graders_own_names_is_refused():
+    problems = kernels.extract("@cuda.jit\ndef __builtins__(x):\n    x[0] = 1\n").problems["__builtins__"]
+    assert problems and "double underscore" in problems[0]
+
+
 def test_only_the_cells_kernels_and_constants_are_kept_with_their_line_numbers():
     cell = "import os\nN = 4\nos.system('x')\n\n@cuda.jit\ndef k(x):\n    x[0] = N\nprint('done')\n"
     found = kernels.extract(cell)

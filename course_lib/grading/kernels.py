@@ -149,6 +149,8 @@ def problems(fn: ast.FunctionDef, known: set) -> list:
         if not _is_cuda_jit(d) or isinstance(d, ast.Call) and not all(
                 isinstance(a, ast.Constant) for a in d.args + [k.value for k in d.keywords]):
             say(d, "the only decorator a kernel takes is @cuda.jit (with constant options)")
+    if fn.name.startswith("__"):
+        say(fn, "names with a double underscore are not for kernels")
     a = fn.args
     if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults or any(x.annotation for x in a.args):
         say(fn, "a kernel takes plain positional arguments (no defaults, *args, **kwargs or annotations)")
