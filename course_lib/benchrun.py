@@ -283,13 +283,13 @@ def report(records, baseline=("torch_naive", "naive")) -> str:
     run_id = rows[-1]["run_id"]
     rows = [r for r in rows if r["run_id"] == run_id]
     key = lambda r: (r["bucket"], r["Nq"], r["Nk"], r["D"], r["causal"], r["dtype"])  # noqa: E731
-    base = {}
-    for r in rows:
+    base = {}   # the baseline of each shape: in float32 where it ran in float32
+    for r in sorted(rows, key=lambda r: r["dtype"] != "float32"):
         if r["impl"] in baseline and r.get("median_ms"):
             base.setdefault(key(r)[:5], r)
     first = rows[0]
     lines = [f"run {run_id} on {first.get('device')} ({first.get('layer')} time; "
-             f"ratio = {' or '.join(baseline)} time / this time, same run and bucket)",
+             f"ratio = {' or '.join(baseline)} (float32) time / this time, same run and shape)",
              f"{'bucket':8s} {'B':>3s} {'H':>3s} {'Nq':>6s} {'Nk':>6s} {'D':>4s} {'causal':>6s} {'dtype':8s} "
              f"{'impl':22s} {'median ms':>10s} {'TFLOP/s':>8s} {'ratio':>6s}"]
     for r in sorted(rows, key=lambda r: (*key(r), r["impl"])):
