@@ -320,7 +320,7 @@ def make_tiled_kernel(tiling: Tiling, D: int, Dv: int):
                     o[r, e] *= alpha
                 m[r] = m_new
                 for c in range(RN):
-                    p = math.exp2(s[r, c] - shift)
+                    p = rules.exp2(s[r, c] - shift)
                     l[r] += p
                     sm[U(PS + row * BP + tx + TX * c)] = p
             cuda.syncthreads()                # P complete

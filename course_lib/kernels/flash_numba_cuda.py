@@ -176,7 +176,7 @@ def make_kernel(Bc: int, D: int, Dv: int, exp2: bool = False):
                 for e in range(Dv):
                     o_i[e] *= alpha
                 for c in range(n_c):               # P_ij = exp(S_ij - m), l += rowsum, o += P Vj
-                    p = math.exp2(s_i[c] - shift) if exp2 else math.exp(s_i[c] - shift)
+                    p = rules.exp2(s_i[c] - shift) if exp2 else math.exp(s_i[c] - shift)
                     l_i += p
                     for e in range(Dv):
                         o_i[e] += p * Vj[c, e]
