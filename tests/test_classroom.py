@@ -141,6 +141,13 @@ class Hub:
             time.sleep(1)
         pytest.fail(f"{name}'s server was not ready within {SPAWN_S} s:\n{workshop._log_tail(workshop.Place(self.root))}")
 
+    def session(self, name, path):
+        """A notebook session of the learner's on ``path`` (its kernel's cwd is the notebook's folder); its kernel id."""
+        r = self.api(name, "POST", f"/user/{name}/api/sessions",
+                     json={"path": path, "type": "notebook", "kernel": {"name": "python3"}})
+        assert r.status_code == 201, (r.status_code, r.text)
+        return r.json()["kernel"]["id"]
+
     def run(self, name, kernel_id, code, timeout=120):
         """Execute ``code`` in the learner's kernel through the server's websocket; (stdout text, error or None)."""
         import websocket
@@ -298,11 +305,7 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     for name in hub.names:
         hub.wait_ready(name)
         # A session on the learner's own copy of chapter 01: its kernel runs in their notebooks/.
-        r = hub.api(name, "POST", f"/user/{name}/api/sessions",
-                    json={"path": "notebooks/01_naive_attention.ipynb", "type": "notebook",
-                          "kernel": {"name": "python3"}})
-        assert r.status_code == 201, (r.status_code, r.text)
-        kernels[name] = kernel = r.json()["kernel"]["id"]
+        kernels[name] = kernel = hub.session(name, "notebooks/01_naive_attention.ipynb")
         out, error = hub.run(name, kernel, "".join(first["source"]))
         assert error is None, f"chapter 01's first cell failed for {name}: {error}"
         out, error = hub.run(name, kernel, "".join(second["source"]))
@@ -361,6 +364,7 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     mine = hub.api(ada, "GET", f"/user/{ada}/api/contents/exercises/{SET}.ipynb").json()["content"]
     assert "UPDATED" not in json.dumps(mine)
     assert answers["1.1"][0][1] in ["".join(c["source"]) for c in mine["cells"]]
+    kernels[ada] = hub.session(ada, "notebooks/01_naive_attention.ipynb")  # the restart ended her kernel
 
     # Collect and grade: one command, one CSV, each learner's points.
     out = _workshop(hub.root, "grade", SET, "--jobs", "2")
@@ -378,8 +382,29 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     assert total == {ada: 10, bob: 2}  # so the two rows above really differ
     assert f"{ada}: 10 / 10" in out and f"{bob}: 2 / 10" in out, out
 
+    # Hostile folders: bob points his feedback file at the hub's passwords and his set 02 at ada's;
+    # ada's set 03 is a FIFO (a reader that follows it as root would block or read another's file).
+    passwords = hub.root / "state" / "passwords.csv"
+    before = passwords.read_bytes()
+    ada_home, bob_home = (pwd.getpwnam(n).pw_dir for n in (ada, bob))
+    out, error = hub.run(bob, kernels[bob], f"""import os
+os.symlink({str(passwords)!r}, {bob_home + f'/flash-course/feedback/{SET}.txt'!r})
+os.remove('../exercises/02_roofline.ipynb')
+os.symlink({ada_home + '/flash-course/exercises/02_roofline.ipynb'!r}, '../exercises/02_roofline.ipynb')""")
+    assert error is None, error
+    out, error = hub.run(ada, kernels[ada], "import os\nos.remove('../exercises/03_tiling_and_sram.ipynb')\n"
+                                             "os.mkfifo('../exercises/03_tiling_and_sram.ipynb')")
+    assert error is None, error
+    out = _workshop(hub.root, "collect", "02_roofline", timeout=120)
+    assert re.search(rf"^{bob}: nothing collected \(.*Permission denied", out, re.M), out
+    assert (hub.root / "state" / "collected" / "02_roofline" / f"{ada}.ipynb").exists()
+    assert not (hub.root / "state" / "collected" / "02_roofline" / f"{bob}.ipynb").exists()
+    out = _workshop(hub.root, "collect", "03_tiling_and_sram", timeout=120)
+    assert re.search(rf"^{ada}: nothing collected \(not a regular file\)", out, re.M), out
+
     # Feedback: a file in each learner's folder, theirs alone, with their own score.
     _workshop(hub.root, "feedback", SET)
+    assert passwords.read_bytes() == before  # bob's symlink was replaced, not followed
     for name in hub.names:
         path = Path(pwd.getpwnam(name).pw_dir) / "flash-course" / "feedback" / f"{SET}.txt"
         st = path.stat()
