@@ -1,7 +1,8 @@
 """A learner's server starts here, already running as the learner (the hub's spawner switched user).
 
 1. Limits: at most FLASH_COURSE_MAX_PROCESSES processes for this account (soft and hard, so
-   nothing the learner runs can raise it): a fork bomb in a notebook stops at its own account.
+   nothing the learner runs can raise it): a fork bomb in a notebook stops at its own account
+   (0: no limit, as in the container image, where the pod's pids limit does it).
 2. Their own copy of the course: every file of the course's ``notebooks/`` and ``exercises/``
    that is not yet in ``~/flash-course`` is copied there.  A file they already have is never
    touched, so a course update brings new chapters and sets but never overwrites work; to take
@@ -23,7 +24,10 @@ SKIP = {".ipynb_checkpoints", "__pycache__"}
 
 
 def limit_processes(n: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+    # 0 turns it off: in a container (Kubernetes) every learner has the same uid on a node, so a
+    # per-uid limit would be shared by all of them; the pod's own pids limit does this job there.
+    if n > 0:
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
 
 
 def hand_out(course: Path, mine: Path) -> list:
