@@ -46,7 +46,7 @@ DEFAULT_ROOT = Path("/opt/flash-course-hub")
 DEFAULT_GROUP = "flash-learners"
 # What learners get, copied from the checkout; solutions/, tests/ and .git stay with the instructor.
 COURSE_PARTS = ("pyproject.toml", "README.md", "course_lib", "notebooks", "exercises",
-                "classroom/learner_start.py", "classroom/jupyterhub_config.py")
+                "tests/sanitize.cfg", "classroom/learner_start.py", "classroom/jupyterhub_config.py")
 IGNORE = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "*.egg-info", "*.pyc")
 PROXY_PACKAGE = "configurable-http-proxy@5.3.0"
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")

@@ -329,6 +329,12 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
                     json={"type": "notebook", "format": "json", "content": nb})
         assert r.status_code == 200, (r.status_code, r.text)
 
+    # A learner grades their own work from their kernel, as chapter 00 says (the sandbox runs as them).
+    out, error = hub.run(bob, kernels[bob], "import subprocess, sys\n"
+                         f"print(subprocess.run([sys.executable, '-m', 'course_lib.grade', '../exercises/{SET}.ipynb'],"
+                         " capture_output=True, text=True, timeout=300).stdout)", timeout=320)
+    assert error is None and "graded 1 submission: 2 / 10 points in all" in out, (out, error)
+
     # Neither can reach the other's files or the instructor's; each can reach its own (the probe works).
     for me, other in ((ada, bob), (bob, ada)):
         mine, theirs = (Path(pwd.getpwnam(n).pw_dir) for n in (me, other))
