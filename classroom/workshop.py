@@ -196,9 +196,7 @@ def install(place: Place, group: str, python: str) -> None:
         _run([py, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
               "--display-name", "Python 3 (FlashAttention course)"])
         stamp_file.write_text(stamp)
-    for top, dirs, files in os.walk(place.venv):  # readable by learners, writable by root only
-        os.chmod(top, 0o755)
-    _run(["chmod", "-R", "go+rX,go-w", place.venv])
+    _run(["chmod", "-R", "go+rX,go-w", place.venv])  # readable by learners, writable by root only
     why = runs_as_nobody([place.venv / "bin" / "python", "-c", "import course_lib, jupyterhub, jupyterlab"])
     if why:
         raise Failed(f"an unprivileged account cannot use {place.venv}: {why}")
@@ -529,6 +527,8 @@ def grade(place: Place, exercise_set: str, jobs: int, timeout: float | None) -> 
                                                            "learner's course folder when it was collected")
                      for ex, pts in exercises]
     rows.sort(key=lambda r: r["learner"])
+    for row in rows:
+        row["reason"] = spreadsheet_safe(row["reason"])
     out = grades / f"{exercise_set}.csv"
     with open(out, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, GRADE_COLUMNS, lineterminator="\n", extrasaction="ignore")
@@ -540,6 +540,11 @@ def grade(place: Place, exercise_set: str, jobs: int, timeout: float | None) -> 
         print(f"{name}: {got} / {of}")
     print(f"grades of {exercise_set}: {out}")
     return out
+
+
+def spreadsheet_safe(text: str) -> str:
+    """A reason can quote a learner's own error message: one a spreadsheet would run as a formula gets a '."""
+    return "'" + text if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
 
 
 def _exercises(exercise_set: str) -> list:

@@ -1,11 +1,13 @@
-"""The recipes that cannot run here (Binder, the container image, Kubernetes) stay in step with the course.
+"""The classroom's pieces that need no hub: the hand-out rule, the CSV, and the recipes that cannot run here.
 
-No conda, docker daemon or cluster is needed: these read the files.  What was tried beyond this
-is in classroom/README.md.
+The recipes (Binder's environment.yml, the container image, the Kubernetes values) are read, not
+run: no conda, docker daemon or cluster is needed.  What was tried beyond this is in
+classroom/README.md; the hub itself is tests/test_classroom.py.
 """
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,6 +16,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CLASSROOM = REPO / "classroom"
+sys.path.insert(0, str(CLASSROOM))
+import learner_start  # noqa: E402
+import workshop  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,3 +82,33 @@ def test_the_image_and_the_kubernetes_values_agree_with_the_course():
     override = gpu[0]["kubespawner_override"]
     assert override["extra_resource_limits"] == {"nvidia.com/gpu": "1"}
     assert override["image"].endswith("-cu12")
+
+
+def test_the_hand_out_copies_what_the_learner_lacks_and_never_touches_what_they_have(tmp_path):
+    course, mine = tmp_path / "course", tmp_path / "home" / "flash-course"
+    for rel in ("notebooks/01.ipynb", "notebooks/records/r.jsonl", "exercises/01.ipynb", "exercises/02.ipynb",
+                "solutions/01.ipynb", "notebooks/.ipynb_checkpoints/01-checkpoint.ipynb"):
+        (course / rel).parent.mkdir(parents=True, exist_ok=True)
+        (course / rel).write_text(f"course {rel}")
+    first = learner_start.hand_out(course, mine)
+    assert sorted(map(str, first)) == ["exercises/01.ipynb", "exercises/02.ipynb", "notebooks/01.ipynb",
+                                       "notebooks/records/r.jsonl"]  # no solutions, no checkpoints
+    (mine / "exercises" / "01.ipynb").write_text("my answers")
+    (mine / "exercises" / "02.ipynb").unlink()          # deleted: handed out again
+    (course / "exercises" / "01.ipynb").write_text("course update")
+    (course / "notebooks" / "03.ipynb").write_text("a new chapter")
+    again = learner_start.hand_out(course, mine)
+    assert sorted(map(str, again)) == ["exercises/02.ipynb", "notebooks/03.ipynb"]
+    assert (mine / "exercises" / "01.ipynb").read_text() == "my answers"
+    # A file where the course has a folder is the learner's: left alone, nothing copied under it.
+    shutil.rmtree(mine / "notebooks" / "records")
+    (mine / "notebooks" / "records").write_text("mine")
+    assert learner_start.hand_out(course, mine) == []
+    assert (mine / "notebooks" / "records").read_text() == "mine"
+
+
+def test_a_reason_in_the_class_csv_is_never_a_spreadsheet_formula():
+    for text in ("=HYPERLINK(\"http://x\")", "+1", "-1", "@SUM(A1)", "\tx"):
+        assert workshop.spreadsheet_safe(text) == "'" + text
+    assert workshop.spreadsheet_safe("not implemented yet") == "not implemented yet"
+    assert workshop.spreadsheet_safe("") == ""
