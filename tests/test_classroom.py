@@ -74,14 +74,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+CACHE_PREFIX = "flash-course-hub-test-"
+CACHE_KEPT_S = 3600
+
+
 def _root() -> Path:
-    """A root-owned folder in /tmp that learners can traverse, the same for every run of this checkout."""
-    root = Path("/tmp") / f"flash-course-hub-test-{hashlib.sha256(str(REPO).encode()).hexdigest()[:10]}"
+    """A root-owned folder in /tmp that learners can traverse, the same for every run of this checkout.
+
+    Another checkout's folder (each holds a venv of about 850 MB) that no test has used for an
+    hour and that has no hub state (none running) is removed, so clones do not pile up in /tmp.
+    """
+    root = Path("/tmp") / f"{CACHE_PREFIX}{hashlib.sha256(str(REPO).encode()).hexdigest()[:10]}"
+    for other in Path("/tmp").glob(f"{CACHE_PREFIX}*"):
+        st = other.lstat()
+        if (other != root and stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not (other / "state").exists()
+                and time.time() - st.st_mtime > CACHE_KEPT_S):
+            shutil.rmtree(other, ignore_errors=True)
     if root.exists():
         st = root.lstat()
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
             shutil.rmtree(root) if stat.S_ISDIR(st.st_mode) else root.unlink()
     root.mkdir(mode=0o755, exist_ok=True)
+    os.utime(root)  # in use
     return root
 
 
