@@ -343,6 +343,17 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
                     json={"type": "notebook", "format": "json", "content": nb})
         assert r.status_code == 200, (r.status_code, r.text)
 
+    # The whole of chapter 01, in the learner's own copy, gives the committed outputs cell for cell
+    # (nbval, as `make test` runs it): the same notebook runs on the hub as with `make lab`.
+    sanitize = hub.root / "course" / "tests" / "sanitize.cfg"
+    out, error = hub.run(bob, kernels[bob], "import subprocess, sys\n"
+                         "r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', '--nbval',"
+                         f" '--nbval-current-env', '--nbval-sanitize-with', {str(sanitize)!r}, '01_naive_attention.ipynb'],"
+                         " capture_output=True, text=True, timeout=600)\n"
+                         "print('rc', r.returncode)\nprint(r.stdout[-3000:])", timeout=620)
+    cells = sum(c["cell_type"] == "code" for c in chapter01["cells"])  # nbval: one test per code cell
+    assert error is None and out.startswith("rc 0\n") and re.search(rf"^{cells} passed in ", out, re.M), out
+
     # A learner grades their own work from their kernel, as chapter 00 says (the sandbox runs as them).
     out, error = hub.run(bob, kernels[bob], "import subprocess, sys\n"
                          f"print(subprocess.run([sys.executable, '-m', 'course_lib.grade', '../exercises/{SET}.ipynb'],"
