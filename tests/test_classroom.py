@@ -3,10 +3,10 @@
 Everything goes through the instructor's commands (``classroom/workshop.py``) and the learners'
 side of the hub (its login form, its REST API, the Jupyter server API of each learner's server,
 a real browser): install the learners' course and venv, make two system accounts, start the hub
-on 127.0.0.1, spawn both servers, run chapter 01's first cells in each, have each save a
-different exercise answer, try to reach the other's files and the instructor's, update the
-course, collect and grade into one CSV, hand back feedback, stop, and check that no process of
-the hub, the proxy or either learner is left.
+on 127.0.0.1, spawn both servers, run chapter 01's first cells in each (and the whole chapter
+under nbval in one), have each save a different exercise answer, try to reach the other's files
+and the instructor's, update the course, collect hostile folders, grade into one CSV, hand back
+feedback, stop, and check that no process of the hub, the proxy or either learner is left.
 
 It needs root (it makes accounts with useradd and the hub starts servers as them), npm (the
 hub's proxy comes from npm), bubblewrap (the grader's sandbox) and a Python that unprivileged
