@@ -495,7 +495,7 @@ def collect(place: Place, exercise_set: str) -> dict:
 GRADE_COLUMNS = ["learner", "submission", "exercise_set", "exercise", "status", "points", "max_points", "reason"]
 
 
-def grade(place: Place, exercise_set: str, jobs: int, timeout: float | None) -> Path:
+def grade(place: Place, exercise_set: str, jobs: int, timeout: float | None, processes: int | None = None) -> Path:
     """Collect, then grade with the sandboxed grader into state/grades/SET.csv (one row per learner and exercise)."""
     found = collect(place, exercise_set)
     python = REPO / ".venv" / "bin" / "python"
@@ -510,6 +510,8 @@ def grade(place: Place, exercise_set: str, jobs: int, timeout: float | None) -> 
         argv = [python, "-m", "course_lib.grade", *paths, "--set", exercise_set, "--csv", raw, "--jobs", jobs]
         if timeout:
             argv += ["--timeout", timeout]
+        if processes:
+            argv += ["--processes", processes]
         done = subprocess.run([str(a) for a in argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
         (grades / f"{exercise_set}.grader.log").write_text(done.stdout)
@@ -635,6 +637,8 @@ def main(argv=None) -> int:
         if name == "grade":
             p.add_argument("--jobs", type=int, default=2, help="submissions graded at a time (default %(default)s)")
             p.add_argument("--timeout", type=float, help="the grader's --timeout per exercise")
+            p.add_argument("--processes", type=int, help="the grader's --processes (the CUDA simulator of set 09 "
+                                                         "runs a thread per CUDA thread)")
     args = parser.parse_args(argv)
     place = Place(args.root)
     try:
@@ -653,7 +657,7 @@ def main(argv=None) -> int:
         elif args.command == "collect":
             collect(place, args.exercise_set)
         elif args.command == "grade":
-            grade(place, args.exercise_set, args.jobs, args.timeout)
+            grade(place, args.exercise_set, args.jobs, args.timeout, args.processes)
         elif args.command == "feedback":
             feedback(place, args.exercise_set)
     except Failed as exc:

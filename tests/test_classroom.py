@@ -398,7 +398,7 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     kernels[ada] = hub.session(ada, "notebooks/01_naive_attention.ipynb")  # the restart ended her kernel
 
     # Collect and grade: one command, one CSV, each learner's points.
-    out = _workshop(hub.root, "grade", SET, "--jobs", "2")
+    out = _workshop(hub.root, "grade", SET, "--jobs", "2", "--timeout", "120", "--processes", "256")
     with open(hub.root / "state" / "grades" / f"{SET}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == workshop.GRADE_COLUMNS
