@@ -48,7 +48,8 @@ DEFAULT_GROUP = "flash-learners"
 COURSE_PARTS = ("pyproject.toml", "README.md", "course_lib", "notebooks", "exercises",
                 "tests/sanitize.cfg", "classroom/learner_start.py", "classroom/jupyterhub_config.py")
 IGNORE = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "*.egg-info", "*.pyc")
-PROXY_PACKAGE = "configurable-http-proxy@5.3.0"
+# configurable-http-proxy 5.2 and later need Node >= 20; Debian 12's nodejs is 18, which 5.1 supports.
+PROXY_PACKAGES = {20: "configurable-http-proxy@5.3.0", 18: "configurable-http-proxy@5.1.0"}
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
 MAX_NOTEBOOK_BYTES = 32 * 2**20
 HUB_START_S = 120
@@ -145,7 +146,7 @@ def install(place: Place, group: str, python: str) -> None:
                      f"Python, so that Python must be readable by every account (one under /root, such as "
                      f"pyenv's, is not) and have venv: pass --python /usr/bin/python3 (Debian / Ubuntu: "
                      f"apt-get install python3-venv)")
-    if not shutil.which("npm"):
+    if not shutil.which("npm") or not shutil.which("node"):
         raise Failed("npm is not installed: the hub's proxy (configurable-http-proxy) comes from npm. "
                      "Debian / Ubuntu: apt-get install nodejs npm")
     for folder in (place.root, place.root / "state"):
@@ -203,10 +204,13 @@ def install(place: Place, group: str, python: str) -> None:
 
     # 3. The proxy.
     if not place.proxy_command().exists():
-        print(f"installing {PROXY_PACKAGE} from npm into {place.proxy}")
+        node = int(_run(["node", "-p", "process.versions.node.split('.')[0]"]).strip())
+        package = next((p for major, p in sorted(PROXY_PACKAGES.items(), reverse=True) if node >= major), None)
+        if package is None:
+            raise Failed(f"Node {node} is too old for the hub's proxy (configurable-http-proxy needs >= 18)")
+        print(f"installing {package} from npm into {place.proxy}")
         place.proxy.mkdir(exist_ok=True)
-        _run(["npm", "install", "--prefix", place.proxy, "--no-audit", "--no-fund", "--loglevel=error",
-              PROXY_PACKAGE])
+        _run(["npm", "install", "--prefix", place.proxy, "--no-audit", "--no-fund", "--loglevel=error", package])
 
     settings = json.loads(place.settings_file.read_text()) if place.settings_file.exists() else {}
     settings.update(root=str(place.root), group=group or settings.get("group", DEFAULT_GROUP))
