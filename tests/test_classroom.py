@@ -127,6 +127,15 @@ class Hub:
         assert r.status_code == 200 and "/hub/login" not in r.url, f"login of {name} failed: {r.status_code} {r.url}"
         return s
 
+    def refused(self, name, password) -> bool:
+        """Whether the login form turns ``name`` with ``password`` away."""
+        import requests
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=60).raise_for_status()
+        r = s.post(f"{self.url}/hub/login", data={"username": name, "password": password,
+                                                   "_xsrf": s.cookies.get("_xsrf")}, timeout=60)
+        return r.status_code == 403 and "/hub/login" in r.url and "Invalid username or password" in r.text
+
     def token(self, name):
         """An API token of the learner's own (asked for with their login cookie)."""
         if name not in self.tokens:
@@ -359,6 +368,10 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
                          f"print(subprocess.run([sys.executable, '-m', 'course_lib.grade', '../exercises/{SET}.ipynb'],"
                          " capture_output=True, text=True, timeout=300).stdout)", timeout=320)
     assert error is None and "graded 1 submission: 2 / 10 points in all" in out, (out, error)
+
+    # Each password opens its own account only (a shared class password would open every one).
+    assert hub.refused(ada, hub.passwords[bob]) and hub.refused(bob, hub.passwords[ada])
+    assert hub.refused(ada, hub.passwords[ada] + "x")
 
     # Neither can reach the other's files or the instructor's; each can reach its own (the probe works).
     for me, other in ((ada, bob), (bob, ada)):
