@@ -91,7 +91,7 @@ def attention_bytes(batch, heads, heads_k, seqlen_q, seqlen_k, head_dim, head_di
 
 def record(*, benchmark, impl, shape, dtype, time_s, causal=False, causal_align="bottom_right",
            window_size=(-1, -1), mask=None, block_q=None, block_k=None, heads_k=None, head_dim_v=None,
-           bytes_moved=None, run=None, env=None, **extra) -> dict:
+           bytes_moved=None, run=None, env=None, layer="end to end", device=None, **extra) -> dict:
     """One regression record, as a JSON-ready dict.
 
     ``shape`` is (B, H, Nq, Nk, D); ``heads_k`` / ``head_dim_v`` default to H / D.
@@ -115,15 +115,19 @@ def record(*, benchmark, impl, shape, dtype, time_s, causal=False, causal_align=
         bytes_moved, source = attention_bytes(B, H, heads_k, Nq, Nk, D, head_dim_v, itemsize=dtype.itemsize), "compulsory"
     else:
         source = extra.pop("bytes_source", "counted")
+    env = environment() if env is None else env
+    run = run or new_run()
     return {
-        "benchmark": benchmark, "run": run or new_run(), "impl": impl,
+        "benchmark": benchmark, "run": run, "run_id": run, "impl": impl,
+        "device": device or env.get("cpu"), "layer": layer,
+        "B": B, "H": H, "Nq": Nq, "Nk": Nk, "D": D, "median_ms": float(time_s) * 1e3,
         "shape": [B, H, Nq, Nk, D], "heads_k": heads_k, "head_dim_v": head_dim_v,
         "dtype": dtype.name, "mask": mask or ("causal" if causal else "none"), "causal": bool(causal),
         "block_q": block_q, "block_k": block_k,
         "time_s": float(time_s), "flops": flops, "tflops": flops / time_s / 1e12,
         "bytes_moved": int(bytes_moved), "bytes_source": source,
         **extra,
-        "environment": environment() if env is None else env,
+        "environment": env,
     }
 
 
@@ -150,3 +154,10 @@ def latest_run(records) -> list:
         return []
     last = records[-1]["run"]
     return [r for r in records if r["run"] == last]
+
+
+if __name__ == "__main__":  # python -m course_lib.bench: the shape buckets (course_lib.benchrun)
+    import sys
+
+    from .benchrun import main
+    sys.exit(main())

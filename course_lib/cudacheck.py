@@ -152,9 +152,41 @@ def check(kernel, griddim, blockdim, *args) -> Report:
     ``blockdim``: an int or a tuple of up to 3 ints, as in a launch.  Arrays in
     ``args`` are written back after the run, as a launch with host arrays does.
     """
+    elsewhere = getattr(type(kernel), "__cudacheck__", None)
+    if elsewhere is not None:   # a kernel checked in another process (the grader's sandbox) says so
+        return elsewhere(kernel, griddim, blockdim, *args)
     fn = _python_function(kernel, "kernel")
     launch = _Launch(fn, _dim3(griddim, "griddim"), _dim3(blockdim, "blockdim"), args)
     return launch.run()
+
+
+class SourceKernel:
+    """A ``@cuda.jit`` function defined where there is no numba: what ``STANDIN.jit`` makes of it.
+
+    The grader defines a learner's kernels from their source in a sandbox that has
+    cudacheck but no numba; ``cuda.jit`` there is ``STANDIN.jit``, and cudacheck treats
+    the result as it treats a numba kernel (``py_func`` is the Python body).
+    """
+
+    def __init__(self, py_func, device=False):
+        self.py_func, self.device = py_func, device
+        self.__name__ = py_func.__name__
+
+    def __call__(self, *args):  # a device function called outside a checked kernel
+        raise TypeError(f"{self.__name__} is a kernel for cudacheck.check, not a Python function")
+
+
+class _CudaStandIn:
+    """``cuda`` while kernels are defined without numba: only ``cuda.jit`` means anything then;
+    inside a checked kernel cudacheck puts its tracing twin in its place, as for numba's."""
+
+    def jit(self, fn=None, *signature, device=False, **options):
+        if isinstance(fn, types.FunctionType):
+            return SourceKernel(fn, device)
+        return lambda f: SourceKernel(f, device)   # @cuda.jit(...) with options or a signature
+
+
+STANDIN = _CudaStandIn()
 
 
 # ---------------------------------------------------------- dims and names
@@ -470,12 +502,12 @@ def _python_function(obj, what):
 
 def _is_cuda_module(value):
     numba_cuda = sys.modules.get("numba.cuda")
-    return value is numba_cuda or type(value).__name__ == "FakeCUDAModule"
+    return value is numba_cuda or value is STANDIN or type(value).__name__ == "FakeCUDAModule"
 
 
 def _is_jit_function(value):
-    return type(value).__name__ in ("CUDADispatcher", "FakeCUDAKernel", "CPUDispatcher") and \
-        isinstance(getattr(value, "py_func", None), types.FunctionType)
+    return (type(value).__name__ in ("CUDADispatcher", "FakeCUDAKernel", "CPUDispatcher")
+            or type(value) is SourceKernel) and isinstance(getattr(value, "py_func", None), types.FunctionType)
 
 
 _PLAIN_MODULES = {"math", "cmath", "numpy", "operator"}

@@ -35,6 +35,13 @@ FULL = 2     # every query sees every key: no elementwise mask at all
 KIND_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453    # ln(2) = 1 / LOG2E: a max in log2 units times LN2 is back in natural units
+
+try:
+    exp2 = math.exp2          # 2**x: one ex2.approx instruction in a fastmath CUDA kernel
+except AttributeError:        # Python 3.10 has no math.exp2 (the simulators run kernels as Python)
+    def exp2(x):
+        return 2.0 ** x
 
 
 # -- masks --------------------------------------------------------------------------
@@ -106,6 +113,14 @@ def rescale(m_old, m_new):
     if m_new == -math.inf:
         return 0.0
     return math.exp(m_old - m_new)
+
+
+def rescale_exp2(m_old, m_new):
+    """``rescale`` for a row kept in log2 units (chapter 10's kernels):
+    alpha = 2**(m_old - m_new), 0 while nothing was seen."""
+    if m_new == -math.inf:
+        return 0.0
+    return exp2(m_old - m_new)
 
 
 def finalize(m, l):

@@ -183,7 +183,7 @@ def racy_kernel(q, k, v, tiles, kv_head, scale, cap, alibi, slopes, offset, left
 def test_a_racy_kernel_is_refused_with_cudacheck_s_message(monkeypatch):
     if fnc.where() != "cudacheck":
         pytest.skip("only the cudacheck runner checks launches")
-    monkeypatch.setattr(fnc, "make_kernel", lambda Bc, D, Dv: racy_kernel)
+    monkeypatch.setattr(fnc, "make_kernel", lambda Bc, D, Dv, exp2=False: racy_kernel)
     q, k, v = problem(8, 8, 1, 1, 2)
     with pytest.raises(RuntimeError, match=r"(?s)failed its check.*race.*shared array `slot`"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda", block_q=8)

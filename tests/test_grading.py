@@ -27,17 +27,6 @@ from course_lib import checks
 from course_lib.grading import grade, sandbox
 
 REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
-# Set 09's checks hand the learner's @cuda.jit kernel to cudacheck, and a kernel is not plain
-# data: the sandbox cannot send it to the grader (it arrives as an AnswerProxy), so the set is
-# graded under nbval in the learner's notebook but not yet in the sandbox.  Strict xfail: when
-# the grader learns to run cudacheck on an answer's kernel, these turn into failures to remove.
-NOT_YET_SANDBOXED = {"09_numba_cuda": "set 09 passes kernels to cudacheck; kernels cannot cross the sandbox yet"}
-SANDBOXED_SOLUTIONS = [p for p in REAL_SOLUTIONS if p.stem not in NOT_YET_SANDBOXED]
-
-
-def _real(paths):
-    return [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(strict=True, reason=NOT_YET_SANDBOXED[p.stem])]
-                         if p.stem in NOT_YET_SANDBOXED else []) for p in paths]
 TIMEOUT = 5  # seconds per exercise's answer cells, and again per check
 
 needs_sandbox = pytest.mark.skipif(not sandbox.available(),
@@ -555,7 +544,7 @@ def real_sets(tmp_path_factory):
     return dict(zip(subs, results)), meta
 
 
-@pytest.mark.parametrize("path", _real(REAL_SOLUTIONS))
+@pytest.mark.parametrize("path", REAL_SOLUTIONS, ids=lambda p: p.stem)
 def test_real_solution_scores_full_marks_untouched_zero_and_a_partial_exactly_its_part(real_sets, path):
     results, meta = real_sets
     names, points = meta[path.stem]
@@ -711,7 +700,7 @@ def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inpu
 
 @pytest.mark.parametrize("salt", [7919])  # 30 salts were tried by hand: every solution full marks
 def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
-    results = grade.grade_all(SANDBOXED_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
+    results = grade.grade_all(REAL_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
     for result in results:
         assert result.total[0] == result.total[1], grade.format_result(result)
 
@@ -755,11 +744,3 @@ def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
         session.exec(["import numpy as np"], timeout=60)
         assert session.exec([cell], timeout=120) == {"twice": "callable", "njit": "callable", "prange": "callable"}
         assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]
-
-
-def test_a_set_the_sandbox_cannot_grade_yet_says_so_instead_of_scoring_zero():
-    # set 09's solution would score 0 through the sandbox; the grader must say why, for every exercise
-    result = grade.grade(nf.REPO / "solutions" / "09_numba_cuda.ipynb", grade.Course(nf.REPO))
-    assert result.exercise_set == "09_numba_cuda" and result.rows
-    assert all(r.status == "error" and "cannot be graded in the sandbox yet" in r.reason for r in result.rows)
-    assert set(grade.NOT_GRADABLE_YET) == set(NOT_YET_SANDBOXED)

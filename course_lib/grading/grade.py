@@ -22,6 +22,11 @@ What it does, and why:
   lists and dicts of them; nothing pickled), and ``course_lib.checks`` compares
   it here.  Nothing else the sandbox says is believed: no pid, no status, no
   record of its own.
+- A check that hands an answer's ``@cuda.jit`` kernel to ``cudacheck.check``
+  (set 09) gets it from the answer cell's text, not from the sandbox:
+  ``kernels.py`` keeps the cell's kernels and constants, holds them to the kernel
+  language, and runs cudacheck on them in a second sandbox where no other code of
+  the answer runs; the report and the arrays the kernel wrote come back as plain data.
 - Each exercise has a time limit for its answer cells and one for its check;
   an answer that hangs or kills its process scores ``timeout`` / ``error`` and
   the sandbox is started again without it, so it costs only its own exercise.
@@ -52,7 +57,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import sandbox, wire
+from . import kernels, sandbox, wire
 from .worker import plain_python as _python
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -372,7 +377,9 @@ class Run:
         self.setup = sandbox_setup(pristine)
         self.replay = []          # answer cells that ran without killing their sandbox
         self.names = {}           # what the answers defined, by kind
+        self.kernels = {}         # the answers' @cuda.jit functions: name -> their cell's kernels.Kernels
         self.session = None
+        self.kernel_session = None   # the kernel sandbox, started by the first check of a kernel
         self.deadline = None
         # the whole submission: an answer and a check per exercise, and room for restarts
         n = sum(1 for c in pristine.cells if "check" in _tags(c))
@@ -417,8 +424,14 @@ class Run:
             self.session.close()
             self.session = None
 
+    def stop_kernels(self):
+        if self.kernel_session is not None:
+            self.kernel_session.close()
+            self.kernel_session = None
+
     def close(self):
         self.stop()
+        self.stop_kernels()
         with contextlib.suppress(OSError):
             os.unlink(self.log.name)
 
@@ -440,7 +453,52 @@ class Run:
             return "error", _died(exc, "answer")
         self.replay.append((ex.name, cells))
         self.names.update(names)
+        for cell in cells:  # read here, from the submission's text: the sandbox is not asked
+            found = kernels.extract(cell)
+            if found.names:
+                self.kernels.update({name: found for name in found.names})
+                self.stop_kernels()  # the next kernel check starts it again, with these defined too
         return None
+
+    def check_kernel(self, name, griddim, blockdim, args):
+        """``cudacheck.check`` of an answer's kernel, in the kernel sandbox; its Report, here."""
+        from course_lib import cudacheck
+
+        left = min(self.deadline, self.end) - time.monotonic()
+        if left <= 0:
+            raise Stop("timeout", self.out_of_time(f"the check ran longer than {self.timeout:g} s"))
+        encoded = kernels.encode_args(args)
+        try:
+            if self.kernel_session is None:
+                self.kernel_session = sandbox.Session(self.limits, trusted=self.trusted, log_path=self.log.name,
+                                                      kernels=True)
+                for found in {id(k): k for k in self.kernels.values()}.values():
+                    if not any(found.problems.values()):  # only source that passed every rule is defined
+                        self.kernel_session.define(found.source, found.names, timeout=left)
+            reply = self.kernel_session.check_kernel(name, griddim, blockdim, encoded, timeout=left)
+        except sandbox.AnswerRaised as exc:
+            raise _rebuilt(exc.error) from None
+        except sandbox.Timeout:
+            self.stop_kernels()
+            raise Stop("timeout", self.out_of_time(
+                f"cudacheck on {name} ran longer than the {self.timeout:g} s of its check")) from None
+        except (sandbox.Died, EOFError, OSError) as exc:
+            self.stop_kernels()
+            raise Stop("error", _died(exc, "kernel")) from None
+        except wire.WireError as exc:
+            self.stop_kernels()
+            raise Stop("error", f"cudacheck on {name} returned {exc}") from None
+        if type(reply) is dict and type(reply.get("kernel_error")) is dict:
+            error = reply["kernel_error"]
+            exc = cudacheck.KernelError(str(error.get("message", ""))[:4000])
+            exc.__cause__ = _rebuilt(sandbox._clean_error(error.get("cause")))
+            exc.from_answer = {"types": ["RuntimeError"], "name": "KernelError", "message": str(exc), "where": ""}
+            raise exc
+        try:
+            return kernels.report_back(reply, name, args)
+        except ValueError as exc:
+            self.stop_kernels()
+            raise Stop("error", str(exc)) from None
 
     def call(self, name, args, kwargs):
         left = min(self.deadline, self.end) - time.monotonic()
@@ -464,8 +522,12 @@ class Run:
 
     def inject(self, namespace, course_names, wanted):
         """Put what the answers defined, the course does not, and the check reads into its namespace."""
+        for name, found in self.kernels.items():
+            if name not in course_names and name in wanted:
+                namespace[name] = kernels.KernelAnswer(self, name, found.problems[name] or [
+                    problem for other in found.problems.values() for problem in other], name in found.unfinished)
         for name, kind in self.names.items():
-            if name in course_names or name not in wanted:
+            if name in course_names or name not in wanted or name in self.kernels:
                 continue
             if kind == "callable":
                 namespace[name] = AnswerProxy(self, name)
@@ -734,15 +796,6 @@ def grade(path, course: Course, options: Options | None = None) -> Result:
         return Result(str(path), "", [Row("*", "error", 0, 0, f"grader error ({type(exc).__name__}: {exc})")])
 
 
-# Sets whose checks the sandboxed grader cannot run yet, and why: each exercise is
-# reported with this reason instead of a score that would look like the learner's.
-NOT_GRADABLE_YET = {
-    "09_numba_cuda": "set 09 cannot be graded in the sandbox yet: its checks hand your kernel to cudacheck, "
-                     "and a kernel cannot cross from the sandbox to the grader; its check cells in the notebook "
-                     "(and nbval) do check it",
-}
-
-
 def _grade(path, course, options):
     try:
         sub = load_submission(path)
@@ -752,9 +805,6 @@ def _grade(path, course, options):
     pristine = course.notebook(name)
     exercises = exercises_of(pristine)
     result = Result(str(path), name)
-    if name in NOT_GRADABLE_YET:
-        result.rows = [Row(ex.name, "error", 0, ex.points, NOT_GRADABLE_YET[name]) for ex in exercises]
-        return result
     matched, notes = match_cells(sub, pristine)
     decided = {}
     try:
@@ -867,7 +917,8 @@ def main(argv=None) -> int:
         description="Score exercise notebooks.  Only the answer cells of each submission are taken; they run in "
                     "a sandbox (bubblewrap: read-only, no course library, no network, an unprivileged user, "
                     "limits), and the course's own check cells run here on what the answers' functions return "
-                    "as plain data.  Prints a table per submission; the exit code is 0 whenever every "
+                    "as plain data (a kernel is defined from its cell's text and checked by cudacheck in a "
+                    "sandbox of its own).  Prints a table per submission; the exit code is 0 whenever every "
                     "submission was graded, whatever the scores.  Submissions are never modified.",
         epilog="statuses: pass (the check's points), fail (the check said no, or still a stub), "
                "error (another exception, or the answer's process died), timeout, tampered (an edited check "

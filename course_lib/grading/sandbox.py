@@ -76,7 +76,7 @@ def _python_roots():
     return sorted({r for r in roots if r.exists()} | {r.resolve() for r in roots if r.exists()})
 
 
-def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
+def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False):
     import course_lib  # only to hide it where it is installed
 
     argv = [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -113,8 +113,10 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
     if any(r in package.parents for r in _python_roots()):
         argv.extend(["--tmpfs", str(package)])  # installed, not editable: hide it
     argv.extend(["--dir", "/grader", "--ro-bind", str(HERE / "worker.py"), "/grader/worker.py",
-                 "--ro-bind", str(HERE / "wire.py"), "/grader/wire.py",
-                 "--remount-ro", "/", "--chdir", "/tmp"])
+                 "--ro-bind", str(HERE / "wire.py"), "/grader/wire.py"])
+    if kernels:  # the kernel sandbox: cudacheck beside the worker, and still nothing else of the course
+        argv.extend(["--ro-bind", str(HERE.parent / "cudacheck.py"), "/grader/cudacheck.py"])
+    argv.extend(["--remount-ro", "/", "--chdir", "/tmp"])
     env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
            "NUMBA_CACHE_DIR": "/tmp/numba", "NUMBA_OPT": "0", "MPLCONFIGDIR": "/tmp/mpl", "MPLBACKEND": "Agg"}
@@ -126,11 +128,11 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool):
     else:
         argv[1:1] = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
         argv.append("--")
-    return argv + [sys.executable, "-I", "-B", "/grader/worker.py", str(in_fd), str(out_fd)]
+    return argv + [sys.executable, "-I", "-B", "/grader/worker.py", str(in_fd), str(out_fd)] + (["kernels"] if kernels else [])
 
 
-def _plain_argv(in_fd, out_fd):
-    return [sys.executable, "-I", "-B", str(HERE / "worker.py"), str(in_fd), str(out_fd)]
+def _plain_argv(in_fd, out_fd, kernels=False):
+    return [sys.executable, "-I", "-B", str(HERE / "worker.py"), str(in_fd), str(out_fd)] + (["kernels"] if kernels else [])
 
 
 _PROBED = {}
@@ -155,10 +157,11 @@ class Session:
 
     ``trusted=True`` runs the worker as a plain subprocess (limits, no
     isolation): only for a course's own notebooks or where no sandbox exists
-    and the instructor said the submissions are trusted.
+    and the instructor said the submissions are trusted.  ``kernels=True``
+    starts the kernel sandbox (``define`` and ``check_kernel``, not ``exec``).
     """
 
-    def __init__(self, limits: Limits, trusted=False, log_path=None, userns=None):
+    def __init__(self, limits: Limits, trusted=False, log_path=None, userns=None, kernels=False):
         self.limits = limits
         # root drops to uid 65534 with setpriv (a real unprivileged user outside too); anyone
         # else becomes 65534 inside a user namespace of their own
@@ -169,11 +172,11 @@ class Session:
         try:
             in_fd, out_fd = to_worker_r, from_worker_w
             if trusted:
-                argv = _plain_argv(in_fd, out_fd)
+                argv = _plain_argv(in_fd, out_fd, kernels)
             else:
                 if not bwrap():
                     raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
-                argv = _bwrap_argv(in_fd, out_fd, limits, self.userns)
+                argv = _bwrap_argv(in_fd, out_fd, limits, self.userns, kernels)
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
                 pass_fds=(in_fd, out_fd), preexec_fn=self._child_limits, start_new_session=True)
@@ -311,6 +314,23 @@ class Session:
 
     def get(self, name, timeout=60.0):
         reply, data = self._request({"op": "get", "name": name}, timeout=timeout)
+        return wire.decode(reply.get("value"), data)
+
+    # -- what the grader asks the kernel sandbox ----------------------------------------
+
+    def define(self, source, names, label="", timeout=60.0):
+        """Define the kernels ``names`` from the source ``kernels.extract`` kept of a cell."""
+        from .kernels import BUILTINS, NUMBA_TYPES
+
+        self._request({"op": "define", "source": source, "names": list(names), "label": label,
+                       "builtins": list(BUILTINS), "types": list(NUMBA_TYPES)}, timeout=timeout)
+
+    def check_kernel(self, name, griddim, blockdim, args, timeout=60.0):
+        """cudacheck.check(name, griddim, blockdim, *args) there: its reply, as plain data."""
+        buffers = []
+        header = {"op": "check", "name": name, "griddim": wire.encode(griddim, buffers),
+                  "blockdim": wire.encode(blockdim, buffers), "args": wire.encode(tuple(args), buffers)}
+        reply, data = self._request(header, buffers, timeout=timeout)
         return wire.decode(reply.get("value"), data)
 
     def close(self):

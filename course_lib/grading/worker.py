@@ -14,6 +14,16 @@ one reply per request on OUT_FD:
   ``Remote`` whose item reads, ``len`` and attributes are asked of the grader.
 - ``get``: the value of a defined name, as plain data.
 
+Started with a third argument, ``kernels``, it is the kernel sandbox instead
+(``kernels.py`` says why): ``cudacheck.py`` lies beside it, no answer cell ever
+runs in it, and it takes two other requests:
+
+- ``define``: define the ``@cuda.jit`` functions of one cell from the source the
+  grader kept of it, with only the names the grader lists (``cuda`` is
+  cudacheck's stand-in, builtins a short list, ``print`` silent);
+- ``check``: ``cudacheck.check`` one of them on plain-data arguments; the reply
+  is the report and the arrays the kernel wrote, as plain data.
+
 Everything here runs beside the answer's code, so the grader believes none of
 it beyond the data it decodes; this file only makes honest answers work.
 """
@@ -32,6 +42,8 @@ except ImportError:  # run as a script in the sandbox: wire.py lies beside it, n
 
 IN = OUT = CELLS = None  # the channel and a folder for the cells, made by serve()
 NAMESPACE = {"__name__": "__main__", "__builtins__": builtins}
+KERNELS = {}             # kernel sandbox: name -> the kernel its latest cell defined
+cudacheck = None         # kernel sandbox: the module, imported by serve()
 _seq = [0]
 
 
@@ -103,24 +115,81 @@ def _kind(value):
     return "callable" if callable(value) else "data"
 
 
+def _compiled(source, label, index=0):
+    """A cell's code, from a real file, as a kernel has: numba's cache=True, tracebacks and
+    cudacheck's reports find its lines there."""
+    label = "".join(ch if ch.isalnum() else "_" for ch in str(label))[:40]
+    path = os.path.join(CELLS, f"answer_{label}_{index}_{len(os.listdir(CELLS))}.py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(plain_python(source))
+    return compile(plain_python(source), path, "exec")
+
+
 def _exec(request):
     before = {name: id(value) for name, value in NAMESPACE.items()}
     for index, source in enumerate(request.get("cells", [])):
-        # a real file, as a kernel has, so that numba's cache=True and tracebacks find the source
-        label = "".join(ch if ch.isalnum() else "_" for ch in str(request.get("label", "")))[:40]
-        path = os.path.join(CELLS, f"answer_{label}_{index}_{len(os.listdir(CELLS))}.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(plain_python(source))
-        code = compile(plain_python(source), path, "exec")
-        exec(code, NAMESPACE)
+        exec(_compiled(source, request.get("label", ""), index), NAMESPACE)
     names = {name: _kind(value) for name, value in NAMESPACE.items()
              if not (name.startswith("__") and name.endswith("__")) and type(value) is not type(os)
              and before.get(name) != id(value)}
     return {"names": names}
 
 
+def _define(request):
+    import math
+
+    import numpy as np
+
+    allowed = {name: getattr(builtins, name) for name in request["builtins"] if name != "print"}
+    allowed["print"] = lambda *args, **kwargs: None
+    names = {"__name__": "kernels", "__builtins__": allowed, "math": math, "np": np, "numpy": np,
+             "cuda": cudacheck.STANDIN}
+    names.update({t: np.bool_ if t == "boolean" else getattr(np, t) for t in request["types"]})
+    exec(_compiled(request["source"], request.get("label", "kernels")), names)
+    for name in request["names"]:
+        KERNELS[name] = names[name]
+
+
+def _check(request, buffers):
+    args = []
+    for arg in wire.decode(request.get("args"), buffers):
+        if type(arg) is dict and list(arg) == ["cudacheck.uninitialized"]:
+            shape, dtype = arg["cudacheck.uninitialized"]
+            arg = cudacheck.uninitialized(tuple(shape), np_dtype(dtype))
+        args.append(arg)
+    grid, block = (wire.decode(request.get(k), buffers) for k in ("griddim", "blockdim"))
+    try:
+        report = cudacheck.check(KERNELS[request["name"]], grid, block, *args)
+    except cudacheck.KernelError as exc:
+        return {"kernel_error": {"message": str(exc)[:4000], "cause": _error(exc.__cause__ or exc)}}
+    written = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, cudacheck.Uninitialized):
+            written.append([i, arg.copy_to_host()])
+        elif type(arg).__name__ == "ndarray" and arg.flags.writeable:
+            written.append([i, arg])
+    as_ints = lambda t: None if t is None else [int(v) for v in t]  # noqa: E731
+    findings = [{"kind": f.kind, "message": f.message, "block": as_ints(f.block), "thread": as_ints(f.thread),
+                 "array": f.array, "index": as_ints(f.index), "line": f.line, "count": f.count}
+                for f in report.findings]
+    return {"report": {"findings": findings, "intervals": report.intervals, "traffic": dict(report.traffic),
+                       "griddim": as_ints(report.griddim), "blockdim": as_ints(report.blockdim)},
+            "written": written}
+
+
+def np_dtype(name):
+    import numpy as np
+    return np.dtype(name)
+
+
 def serve():
-    global IN, OUT, CELLS
+    global IN, OUT, CELLS, cudacheck
+    if sys.argv[3:] == ["kernels"]:
+        here = os.path.dirname(os.path.abspath(__file__))
+        # beside this file in the sandbox; one folder up (course_lib) when run as a plain process
+        sys.path.insert(0, here if os.path.exists(os.path.join(here, "cudacheck.py")) else os.path.dirname(here))
+        import cudacheck as module
+        cudacheck = module
     IN = os.fdopen(int(sys.argv[1]), "rb", buffering=0)
     OUT = os.fdopen(int(sys.argv[2]), "wb", buffering=0)
     CELLS = tempfile.mkdtemp(prefix="answers-")
@@ -140,7 +209,12 @@ def _serve():
         reply, out = {"seq": _seq[0]}, []
         try:
             op = request.get("op")
-            if op == "exec":
+            if cudacheck is not None and op in ("define", "check"):
+                value = _define(request) if op == "define" else _check(request, buffers)
+                reply.update(ok=True, value=wire.encode(value, out))
+            elif cudacheck is not None:
+                raise ValueError(f"the kernel sandbox takes define and check, not {op!r}")
+            elif op == "exec":
                 reply.update(_exec(request), ok=True)
             elif op == "call":
                 args = wire.decode(request.get("args"), buffers, remote=Remote)

@@ -89,23 +89,30 @@ if numba is not None:
     shift_of = _rule(rules.shift_of)
     rescale = _rule(rules.rescale)
     finalize = _rule(rules.finalize)
+    rescale_exp2 = _rule(rules.rescale_exp2)
 
 
 _KERNELS = {}
 
 
-def make_kernel(Bc: int, D: int, Dv: int):
+def make_kernel(Bc: int, D: int, Dv: int, exp2: bool = False):
     """The forward kernel for Bc keys per tile and head dims D, Dv.
 
     Shared and local arrays need their shapes when the kernel is compiled, so
     each (Bc, D, Dv) is its own kernel, built once and kept.  The number of
     threads (Br) is the launch's, read from ``cuda.blockDim.x``.
+
+    ``exp2=True`` is chapter 10's second step: the same kernel working in
+    base 2.  The host multiplies the scale, the softcap and the ALiBi slopes
+    by log2(e) (softcap and ALiBi are linear in the score's unit), so scores
+    arrive in log2 units, ``exp`` becomes ``exp2`` (one ``ex2.approx``
+    instruction with ``fastmath``) and lse is converted back at the end.
     """
-    key = (Bc, D, Dv)
+    key = (Bc, D, Dv, exp2)
     if key in _KERNELS:
         return _KERNELS[key]
 
-    @cuda.jit
+    @cuda.jit(fastmath=exp2)
     def flash_forward_kernel(q, k, v, tiles, kv_head, scale, cap, alibi, slopes,
                              offset, left, right, out, lse):
         """q (B, H, Nq, D), k (B, Hk, Nk, D), v (B, Hk, Nk, Dv), tiles (Tr, Tc) int8 -> out, lse."""
@@ -160,13 +167,16 @@ def make_kernel(Bc: int, D: int, Dv: int):
                         s = float32(-math.inf)
                     s_i[c] = s
                     m_new = max_nan(m_new, s)
-                alpha = float32(rescale(m_i, m_new))   # the old max was this much too small
+                if exp2:
+                    alpha = float32(rescale_exp2(m_i, m_new))
+                else:
+                    alpha = float32(rescale(m_i, m_new))   # the old max was this much too small
                 shift = float32(shift_of(m_new))
                 l_i *= alpha
                 for e in range(Dv):
                     o_i[e] *= alpha
                 for c in range(n_c):               # P_ij = exp(S_ij - m), l += rowsum, o += P Vj
-                    p = math.exp(s_i[c] - shift)
+                    p = rules.exp2(s_i[c] - shift) if exp2 else math.exp(s_i[c] - shift)
                     l_i += p
                     for e in range(Dv):
                         o_i[e] += p * Vj[c, e]
@@ -174,7 +184,7 @@ def make_kernel(Bc: int, D: int, Dv: int):
             cuda.syncthreads()                     # everyone done with Kj, Vj before the next load
 
         if has_row:                                # divide by l once; write O and lse once
-            row_lse, inv_l = finalize(m_i, l_i)
+            row_lse, inv_l = finalize(m_i * float32(rules.LN2) if exp2 else m_i, l_i)
             lse[b, h, i] = row_lse
             for e in range(Dv):
                 out[b, h, i, e] = o_i[e] * float32(inv_l)
@@ -215,8 +225,11 @@ class Plan:
     launch: host.Launch
 
 
-def plan(q, k, v, opts, mask) -> Plan:
-    """The kernel and its launch for validated dense float32 inputs (arrays only give shapes here)."""
+def plan(q, k, v, opts, mask, exp2: bool = False) -> Plan:
+    """The kernel and its launch for validated dense float32 inputs (arrays only give shapes here).
+
+    ``exp2``: chapter 10's base-2 variant (``make_kernel``); the scale, softcap
+    and slopes it is launched with are in log2 units."""
     if q.dtype != np.float32:
         raise TypeError(f"flash_numba_cuda computes in float32 only; q, k and v are {q.dtype}: "
                         f"convert them with .astype(np.float32), or use impl='flash_numba_cpu'")
@@ -226,9 +239,11 @@ def plan(q, k, v, opts, mask) -> Plan:
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, Br,
                           opts.block_k or default_block_k(D, Dv))[0]
     _check_launch(q, v, launch.Br, launch.Bc)
-    args = (launch.tiles, launch.kv_head, np.float32(launch.softmax_scale), np.float32(launch.softcap),
-            launch.alibi, launch.slopes.astype(np.float32), launch.offset, launch.left, launch.right)
-    return Plan(make_kernel(launch.Bc, D, Dv), (launch.tiles.shape[0], B * H), launch.Br, args,
+    unit = rules.LOG2E if exp2 else 1.0
+    args = (launch.tiles, launch.kv_head, np.float32(launch.softmax_scale * unit),
+            np.float32(launch.softcap * unit), launch.alibi, (launch.slopes * unit).astype(np.float32),
+            launch.offset, launch.left, launch.right)
+    return Plan(make_kernel(launch.Bc, D, Dv, exp2), (launch.tiles.shape[0], B * H), launch.Br, args,
                 (B, H, Nq, Dv), launch)
 
 

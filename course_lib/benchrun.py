@@ -1,0 +1,381 @@
+"""``python -m course_lib.bench``: shape buckets over every impl that runs here, one record each.
+
+    python -m course_lib.bench                      # the buckets that fit this machine
+    python -m course_lib.bench --sizes 1024 4096 --head-dims 64 --no-decode
+    python -m course_lib.bench --report notebooks/records/bench.jsonl
+
+Buckets: prefill (Nq = Nk = N for N in ``--sizes``: 1K / 4K / 16K / 32K on a
+GPU, smaller on a CPU) and decode (Nq = 1, Nk = 32K, batch 8), D 64 / 128,
+causal or not, float32 and float16; H = 16 and B = tokens / N.  Impls:
+
+- on any machine, the course's CPU impls (``naive``, ``flash_numpy``,
+  ``flash_numba_cpu``) through ``course_lib.attention``, numpy in and out:
+  layer ``end to end``;
+- where torch is installed, its peers on the CPU (``torch_naive``,
+  ``torch_sdpa_math`` ...), layer ``end to end`` (no copies: inputs live there);
+- on a CUDA GPU, ``cuda_tuned`` (chapter 10's kernel) and the peers
+  ``torch_naive``, ``torch_sdpa_efficient``, ``torch_sdpa_math`` (fp32),
+  ``torch_sdpa_flash``, ``torch_sdpa_cudnn`` (fp16), inputs on the device,
+  timed between CUDA events: layer ``kernel``.
+
+A bucket an impl cannot take (the course's CUDA kernel in fp16, SDPA flash in
+fp32, a problem too large for the memory) is recorded with its reason and no
+time.  Records go to ``--out`` (JSON lines), one per measurement, all with one
+``run_id``; ``--report`` prints the table of a file's latest run, with each
+time as a ratio to ``torch_naive`` (or ``naive``) of the same run and bucket.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from . import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "notebooks" / "records" / "bench.jsonl"
+GPU_SIZES = (1024, 4096, 16384, 32768)
+CPU_SIZES = (256, 1024)
+CPU_IMPLS = ("naive", "flash_numpy", "flash_numba_cpu")
+TORCH_PEERS = ("torch_naive", "torch_sdpa_efficient", "torch_sdpa_math", "torch_sdpa_flash", "torch_sdpa_cudnn")
+PEER_DTYPES = {"torch_sdpa_flash": ("float16",), "torch_sdpa_cudnn": ("float16",)}
+
+
+def buckets(sizes, head_dims, *, causal=(False, True), dtypes=("float32", "float16"), decode=True,
+            tokens=16384, heads=16, decode_nk=32768, decode_batch=8):
+    """Every (kind, B, H, Nq, Nk, D, causal, dtype) bucket, prefill first."""
+    out = []
+    for n in sizes:
+        for d in head_dims:
+            for c in causal:
+                for dt in dtypes:
+                    out.append(dict(kind="prefill", B=max(1, tokens // n), H=heads, Nq=n, Nk=n, D=d, causal=c,
+                                    dtype=dt))
+    if decode:
+        for d in head_dims:
+            for dt in dtypes:
+                out.append(dict(kind="decode", B=decode_batch, H=heads, Nq=1, Nk=decode_nk, D=d, causal=False,
+                                dtype=dt))
+    return out
+
+
+def torch_or_none():
+    try:
+        import torch
+        return torch
+    except ModuleNotFoundError:
+        return None
+
+
+def gpu_here() -> bool:
+    torch = torch_or_none()
+    return bool(torch is not None and torch.cuda.is_available())
+
+
+class Timer:
+    """Median seconds of fn(): CUDA events on a GPU (layer kernel), perf_counter on the CPU."""
+
+    def __init__(self, repeats, warmup, on_gpu):
+        self.repeats, self.warmup, self.on_gpu = repeats, warmup, on_gpu
+
+    def __call__(self, fn):
+        if not self.on_gpu:
+            return bench.time_it(fn, repeats=self.repeats, warmup=self.warmup)
+        import torch
+        for _ in range(self.warmup):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.repeats):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) / 1e3)
+        return statistics.median(times)
+
+
+def torch_calls(q, k, v, causal):
+    """{peer: zero-argument callable} on torch tensors (either device)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def naive():
+        with torch.no_grad():
+            s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+            if causal:
+                n, m = s.shape[-2:]
+                s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1 + m - n), -torch.inf)
+            return torch.softmax(s, -1) @ v
+
+    def sdpa(backend):
+        def go():
+            with sdpa_kernel(backend), torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal and q.shape[2] > 1)
+        return go
+    return {"torch_naive": naive, "torch_sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+            "torch_sdpa_math": sdpa(SDPBackend.MATH), "torch_sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
+            "torch_sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+
+
+def run(args) -> list:
+    """Run every bucket over every impl that runs here; returns the records (also appended to args.out)."""
+    from tqdm.auto import tqdm
+
+    from . import api
+    on_gpu = gpu_here() and not args.cpu
+    torch = torch_or_none()
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    env = bench.environment()
+    if torch is not None:
+        env["torch"] = torch.__version__
+        if on_gpu:
+            env.update(gpu=torch.cuda.get_device_name(0), torch_cuda=torch.version.cuda)
+    run_id = bench.new_run()
+    sizes = args.sizes or (GPU_SIZES if on_gpu else CPU_SIZES)
+    todo = buckets(sizes, args.head_dims, dtypes=args.dtypes, decode=args.decode,
+                   tokens=args.tokens if on_gpu else args.cpu_tokens, heads=args.heads,
+                   decode_nk=args.decode_nk if on_gpu else min(args.decode_nk, 4096))
+    timer = Timer(args.repeats, args.warmup, on_gpu)
+    device = env.get("gpu") if on_gpu else env.get("cpu")
+    layer = "kernel" if on_gpu else "end to end"
+    if on_gpu:
+        impls = ["cuda_tuned", *TORCH_PEERS]
+    else:
+        impls = [i for i in CPU_IMPLS if i in api.available_impls()]
+        if torch is not None:
+            impls += ["torch_naive", "torch_sdpa_math", "torch_sdpa_flash"]
+    if args.impls:
+        impls = [i for i in impls if i in args.impls]
+    records = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    with out.open("a", encoding="utf-8") as f, tqdm(total=len(todo) * len(impls), desc="bench",
+                                                     disable=args.quiet) as bar:
+        for b in todo:
+            shape = (b["B"], b["H"], b["Nq"], b["Nk"], b["D"])
+            arrays = None
+            for impl in impls:
+                bar.set_postfix_str(f"{impl} {b['kind']} N={b['Nk']} D={b['D']} {b['dtype']}")
+                rec = None
+                try:
+                    if arrays is None:
+                        arrays = make_inputs(b, rng, on_gpu)
+                    fn = callable_for(impl, b, arrays, on_gpu)
+                    t = timer(fn)
+                    rec = bench.record(benchmark="bench", impl=impl, shape=shape, dtype=b["dtype"], time_s=t,
+                                       causal=b["causal"], run=run_id, env=env, layer=layer, device=device,
+                                       bucket=b["kind"], repeats=args.repeats, warmup=args.warmup)
+                except NotApplicable as why:
+                    rec = skipped(impl, b, run_id, env, device, layer, f"not applicable: {why}")
+                except Exception as error:  # noqa: BLE001 -- a failure is a record, and the run goes on
+                    rec = skipped(impl, b, run_id, env, device, layer, f"{type(error).__name__}: {str(error)[:300]}")
+                    if args.verbose:
+                        traceback.print_exc()
+                    if torch is not None and on_gpu:
+                        torch.cuda.empty_cache()
+                f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+                f.flush()
+                records.append(rec)
+                bar.update()
+            del arrays
+            if torch is not None and on_gpu:
+                torch.cuda.empty_cache()
+    return records
+
+
+class NotApplicable(Exception):
+    """This impl does not take this bucket (dtype, size); the record says so."""
+
+
+def skipped(impl, b, run_id, env, device, layer, reason):
+    return {"benchmark": "bench", "run": run_id, "run_id": run_id, "impl": impl, "device": device, "layer": layer,
+            "bucket": b["kind"], "B": b["B"], "H": b["H"], "Nq": b["Nq"], "Nk": b["Nk"], "D": b["D"],
+            "causal": b["causal"], "dtype": b["dtype"], "median_ms": None, "tflops": None, "skipped": reason,
+            "environment": env}
+
+
+def make_inputs(b, rng, on_gpu):
+    shape_q = (b["B"], b["H"], b["Nq"], b["D"])
+    shape_k = (b["B"], b["H"], b["Nk"], b["D"])
+    if on_gpu:
+        import torch
+        g = torch.Generator(device="cuda").manual_seed(0)
+        dt = torch.float16 if b["dtype"] == "float16" else torch.float32
+        return tuple(torch.randn(s, device="cuda", generator=g, dtype=dt) for s in (shape_q, shape_k, shape_k))
+    dt = np.float16 if b["dtype"] == "float16" else np.float32
+    return tuple(rng.standard_normal(s).astype(dt) for s in (shape_q, shape_k, shape_k))
+
+
+def callable_for(impl, b, arrays, on_gpu):
+    q, k, v = arrays
+    causal = b["causal"]
+    if impl.startswith("torch_"):
+        torch = torch_or_none()
+        if torch is None:
+            raise NotApplicable("torch is not installed")
+        if impl in PEER_DTYPES and b["dtype"] not in PEER_DTYPES[impl]:
+            raise NotApplicable(f"{impl} takes {' / '.join(PEER_DTYPES[impl])} only")
+        if impl in ("torch_naive", "torch_sdpa_math"):
+            need = b["B"] * b["H"] * b["Nq"] * b["Nk"] * np.dtype(b["dtype"]).itemsize * 3
+            free = torch.cuda.mem_get_info()[0] if on_gpu else 16 * 2 ** 30
+            if need > free:
+                raise NotApplicable(f"S and P ({need / 2 ** 30:.0f} GiB) do not fit in {free / 2 ** 30:.0f} GiB")
+        if not on_gpu:
+            q, k, v = (torch.from_numpy(x) for x in (q, k, v))
+        return torch_calls(q, k, v, causal)[impl]
+    if impl == "cuda_tuned":
+        if b["dtype"] != "float32":
+            raise NotApplicable("chapter 10's kernel computes in float32 only")
+        return cuda_call(b, arrays)
+    from . import api
+    if impl == "naive" and b["Nq"] * b["Nk"] * b["B"] * b["H"] > 2 ** 28:
+        raise NotApplicable("S would not fit in memory")
+    return lambda: api.attention(q, k, v, impl=impl, causal=causal)
+
+
+def cuda_call(b, arrays):
+    """cuda_steps' tuned kernel on device tensors (zero-copy), its launch planned once."""
+    import torch
+    from numba import cuda
+
+    from .kernels import cuda_steps as cs
+    q, k, v = arrays
+    B, H, Nq, Nk, D = b["B"], b["H"], b["Nq"], b["Nk"], b["D"]
+    host = [np.empty(t.shape, np.float32) for t in (q, k, v)]
+    tiling = cs.DECODE_TILING if b["kind"] == "decode" else None
+    splits = 64 if b["kind"] == "decode" else 1
+    got = {}
+
+    def grab(q_, k_, v_, opts, mask):
+        got["plan"] = cs.plan("tuned", q_, k_, v_, opts, mask, tiling=tiling, splits=splits)
+        return np.zeros(1), np.zeros(1)
+    from . import api
+    api.call_forward(grab, *host, causal=b["causal"])
+    p = got["plan"]
+    from dataclasses import replace
+    p = replace(p, args=tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in p.args))
+    out = torch.empty((B, H, Nq, D), device="cuda")
+    lse = torch.empty((B, H, Nq), device="cuda")
+    parts = (torch.empty((p.splits, B, H, Nq, D), device="cuda"), torch.empty((p.splits, B, H, Nq), device="cuda"))
+    dev = [cuda.as_cuda_array(t) for t in (q, k, v, out, lse, *parts)]
+    return cs.launcher(p, *dev)
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+def report(records, baseline=("torch_naive", "naive")) -> str:
+    """A table of one run: impl, bucket, median ms, TFLOP/s, ratio to the baseline of the same bucket."""
+    rows = [r for r in records if r.get("benchmark") == "bench"]
+    if not rows:
+        return "no bench records"
+    run_id = rows[-1]["run_id"]
+    rows = [r for r in rows if r["run_id"] == run_id]
+    key = lambda r: (r["bucket"], r["Nq"], r["Nk"], r["D"], r["causal"], r["dtype"])  # noqa: E731
+    base = {}   # the baseline of each shape: in float32 where it ran in float32
+    for r in sorted(rows, key=lambda r: r["dtype"] != "float32"):
+        if r["impl"] in baseline and r.get("median_ms"):
+            base.setdefault(key(r)[:5], r)
+    first = rows[0]
+    lines = [f"run {run_id} on {first.get('device')} ({first.get('layer')} time; "
+             f"ratio = {' or '.join(baseline)} (float32) time / this time, same run and shape)",
+             f"{'bucket':8s} {'B':>3s} {'H':>3s} {'Nq':>6s} {'Nk':>6s} {'D':>4s} {'causal':>6s} {'dtype':8s} "
+             f"{'impl':22s} {'median ms':>10s} {'TFLOP/s':>8s} {'ratio':>6s}"]
+    for r in sorted(rows, key=lambda r: (*key(r), r["impl"])):
+        b = base.get(key(r)[:5])
+        if r.get("median_ms"):
+            ratio = f"{b['median_ms'] / r['median_ms']:6.2f}" if b else "     -"
+            tail = f"{r['median_ms']:10.3f} {r['tflops']:8.2f} {ratio}"
+        else:
+            tail = f"  {r.get('skipped', '')[:60]}"
+        lines.append(f"{r['bucket']:8s} {r['B']:3d} {r['H']:3d} {r['Nq']:6d} {r['Nk']:6d} {r['D']:4d} "
+                     f"{str(r['causal']):>6s} {r['dtype']:8s} {r['impl']:22s} {tail}")
+    return "\n".join(lines)
+
+
+def roofline_points(records):
+    """(intensity FLOP/byte over compulsory bytes, TFLOP/s, impl, dtype) of one run's timed records."""
+    pts = []
+    for r in records:
+        if r.get("median_ms"):
+            pts.append((r["flops"] / r["bytes_moved"], r["tflops"], r["impl"], r["dtype"]))
+    return pts
+
+
+def plot_roofline(records, hw="h200", ax=None):
+    """The measured points of one run on ``hw``'s roofline (fp32 and fp16 ceilings, datasheet)."""
+    import matplotlib.pyplot as plt
+
+    from . import roofline
+    machine = roofline.hardware(hw)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.5))
+    x = np.logspace(-1, 5, 200)
+    for dt, style in (("float32", "-"), ("float16", "--")):
+        ax.loglog(x, [machine.attainable(i, dt) / 1e12 for i in x], "k" + style, lw=1,
+                  label=f"{machine.name} roofline, {dt} (datasheet)")
+    pts = roofline_points(records)
+    for impl in sorted({p[2] for p in pts}):
+        mine = [p for p in pts if p[2] == impl]
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=18, label=impl)
+    ax.set_xlabel("FLOP per compulsory byte (Q, K, V read once, O written once)")
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float16"])
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=16384, help="B = tokens / N on a GPU")
+    parser.add_argument("--cpu-tokens", type=int, default=256, help="B = tokens / N on the CPU")
+    parser.add_argument("--decode-nk", type=int, default=32768)
+    parser.add_argument("--no-decode", dest="decode", action="store_false")
+    parser.add_argument("--impls", nargs="+", default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--tuned", default=None, metavar="FILE",
+                        help="take cuda_tuned's tile sizes from FILE's gpu_steps_tuned records (benchmarks/gpu_steps.py)")
+    parser.add_argument("--cpu", action="store_true", help="the CPU impls even where a GPU is present")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--report", default=None, metavar="FILE", help="print the table of FILE's latest run")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="with --report: save the roofline plot")
+    args = parser.parse_args(argv)
+    if args.report:
+        records = bench.load_records(args.report, benchmark="bench")
+        print(report(records))
+        if args.plot:
+            import matplotlib
+            matplotlib.use("Agg")
+            last = bench.latest_run(records)
+            plot_roofline(last).figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+        return 0
+    if args.tuned:
+        from .kernels import cuda_steps as cs
+        for r in bench.load_records(args.tuned, benchmark="gpu_steps_tuned"):
+            cs.TUNED[r["D"]] = cs.Tiling(**r["tiling"])
+    t0 = time.perf_counter()
+    records = run(args)
+    print(report(records))
+    print(f"{len(records)} records appended to {args.out} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Run by tests/test_cuda_steps.py in a subprocess with NUMBA_ENABLE_CUDASIM=1 (numba's simulator
+must be chosen before numba is imported): every chapter-10 step on every case, and the planted
+mistakes, one JSON line of verdicts on stdout."""
+import json
+import sys
+from dataclasses import replace
+
+import numpy as np
+from numba import cuda
+
+from course_lib import checks, rules
+from course_lib.kernels import cuda_steps as cs
+
+# name: (B, H, Hk, Nq, Nk, D, Dv, options, splits)
+CASES = {
+    "tails_gqa_causal": (1, 4, 2, 21, 27, 16, 16, {"causal": True}, 1),
+    "nq_gt_nk_odd_dims": (1, 2, 2, 19, 9, 7, 5, {}, 1),
+    "nq_lt_nk_window_mqa": (1, 3, 1, 5, 30, 8, 6, {"window_size": (4, 2)}, 1),
+    "softcap_alibi_causal_top_left": (2, 2, 2, 13, 11, 8, 8,
+                                      {"softcap": 1.5, "causal": True, "causal_align": "top_left",
+                                       "alibi_slopes": [0.5, 0.1]}, 1),
+    "empty_rows": (1, 2, 2, 12, 9, 4, 4, {"window_size": (0, 0), "causal_align": "top_left"}, 1),
+    "nk_below_one_tile": (1, 2, 1, 11, 3, 8, 8, {}, 1),
+    "split_kv_causal": (1, 2, 1, 9, 40, 8, 8, {"causal": True}, 3),
+    "decode_split_kv": (2, 2, 1, 1, 45, 16, 16, {}, 4),
+}
+
+
+def problem(B, H, Hk, Nq, Nk, D, Dv, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((B, H, Nq, D)).astype(np.float32),
+            rng.standard_normal((B, Hk, Nk, D)).astype(np.float32),
+            rng.standard_normal((B, Hk, Nk, Dv)).astype(np.float32))
+
+
+def verdict(fn):
+    try:
+        fn()
+        return "PASS"
+    except AssertionError as error:
+        msg = (str(error).splitlines() or ["(no message)"])[0][:300]
+        return msg if msg.startswith("FAIL") else "FAIL " + msg
+    except Exception as error:  # noqa: BLE001
+        return f"ERROR {type(error).__name__}: {str(error)[:300]}"
+
+
+def run_case(step, name, seed=0):
+    B, H, Hk, Nq, Nk, D, Dv, options, splits = CASES[name]
+    q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, seed)
+    options = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
+    tiling = replace(cs.DECODE_TILING, Bc=8, threads=8, tx=8) if name.startswith("decode") else None
+
+    def go():
+        out, lse = cs.attention(q, k, v, step=step, tiling=tiling, splits=splits, return_lse=True, **options)
+        assert out.dtype == np.float32 and lse.dtype == np.float32
+        assert not np.isnan(out).any(), "an output element was never written (still the NaN poison)"
+        checks.check_attention(out, q, k, v, lse=lse, **options)
+        if name == "empty_rows":
+            assert np.isneginf(lse[:, :, Nk:]).all() and (out[:, :, Nk:] == 0).all()
+    return verdict(go)
+
+
+def planted(kind):
+    """The check must fail on each of these wrong answers (a plan or a launch edited on the host)."""
+    q, k, v = problem(1, 2, 1, 19, 23, 8, 8, 3)
+    causal = kind in ("partial_tile_marked_full", "skip_a_needed_tile")
+    real_plan = cs.plan
+
+    def bad_plan(step, q, k, v, opts, mask, **kw):
+        p = real_plan(step, q, k, v, opts, mask, **kw)
+        visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes, offset, left, right = p.args
+        if kind == "partial_tile_marked_full":      # the diagonal tile's mask is skipped
+            tiles = np.where(tiles == rules.PARTIAL, rules.FULL, tiles).astype(np.int8)
+        elif kind == "skip_a_needed_tile":          # the first key tile of every row is left out
+            visit = np.roll(visit, -1, axis=1)
+            nvisit = np.maximum(nvisit - 1, 0).astype(np.int32)
+        elif kind == "natural_scale_in_base_2":     # log2(e) forgotten: exp2 of natural-unit scores
+            scale = np.float32(opts.softmax_scale)
+        elif kind == "wrong_kv_head":               # GQA: each query head reads the other group's K / V head
+            kv_head = (kv_head + 1) % 2
+        return replace(p, args=(visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes, offset, left, right))
+    if kind == "wrong_kv_head":
+        q, k, v = problem(1, 4, 2, 19, 23, 8, 8, 4)
+    cs.plan = bad_plan
+    try:
+        def go():
+            out, lse = cs.attention(q, k, v, step="tuned", causal=causal, return_lse=True)
+            checks.check_attention(out, q, k, v, lse=lse, causal=causal)
+        return verdict(go)
+    finally:
+        cs.plan = real_plan
+
+
+def planted_merge():
+    """Split-KV whose partial results are averaged instead of merged by their lse: must fail."""
+    q, k, v = problem(1, 2, 2, 1, 40, 8, 8, 5)
+    real = cs.make_merge_kernel
+
+    @cuda.jit
+    def mean_merge(part_out, part_lse, out, lse):
+        S, B, H, Nq, Dv = part_out.shape
+        g = cuda.grid(1)
+        if g < B * H * Nq:
+            i, h, b = g % Nq, (g // Nq) % H, g // (Nq * H)
+            for e in range(Dv):
+                acc = 0.0
+                for z in range(S):
+                    acc += part_out[z, b, h, i, e]
+                out[b, h, i, e] = acc / S
+            lse[b, h, i] = part_lse[0, b, h, i]
+    cs.make_merge_kernel = lambda: mean_merge
+    try:
+        def go():
+            out, lse = cs.attention(q, k, v, step="tuned", splits=4, return_lse=True)
+            checks.check_attention(out, q, k, v, lse=lse)
+        return verdict(go)
+    finally:
+        cs.make_merge_kernel = real
+
+
+if __name__ == "__main__":
+    import contextlib
+    import io
+    results = {}
+    with contextlib.redirect_stdout(io.StringIO()):   # the checks print their verdicts; we keep ours
+        for step in cs.STEPS:
+            for name in CASES:
+                if CASES[name][-1] > 1 and step not in ("tuned",) and not step.startswith("tiled"):
+                    continue                          # split-KV is the micro-tiled kernel's
+                results[f"{step}/{name}"] = run_case(step, name)
+        for kind in ("partial_tile_marked_full", "skip_a_needed_tile", "natural_scale_in_base_2", "wrong_kv_head"):
+            results[f"planted/{kind}"] = planted(kind)
+        results["planted/mean_merge"] = planted_merge()
+        results["where"] = "numba simulator" if not cs.on_gpu() else "gpu"
+    print(json.dumps(results))
+    sys.exit(0)

@@ -1,0 +1,153 @@
+"""Chapter 10's kernel steps (course_lib.kernels.cuda_steps) as a specification.
+
+The kernels run in numba's simulator, which must be chosen before numba is
+imported, so one subprocess (tests/cuda_steps_sim.py) runs every step on every
+awkward case (tails, Nq != Nk, GQA / MQA, causal both ways, window, softcap,
+ALiBi, rows that see no key, split-KV, decode) and the planted mistakes, and
+the tests below read its verdicts.  The large shapes and the speeds ran on an
+H200 (benchmarks/gpu_steps.py, notebooks/records/gpu_steps.jsonl); nothing
+here times anything."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from course_lib import bench, benchrun, rules
+from course_lib.kernels import cuda_steps as cs
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import cuda_steps_sim as sim  # noqa: E402
+
+PLANTED = ("partial_tile_marked_full", "skip_a_needed_tile", "natural_scale_in_base_2", "wrong_kv_head",
+           "mean_merge")
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_steps_sim.py")], capture_output=True,
+                            text=True, env=env, cwd=ROOT, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def step_cases():
+    for step in cs.STEPS:
+        for name, case in sim.CASES.items():
+            if case[-1] > 1 and not (step == "tuned" or step.startswith("tiled")):
+                continue
+            yield pytest.param(step, name, id=f"{step}-{name}")
+
+
+def test_the_simulator_ran_the_steps(verdicts):
+    assert verdicts["where"] == "numba simulator"
+
+
+@pytest.mark.parametrize("step,case", list(step_cases()))
+def test_every_step_matches_the_reference_on_awkward_shapes(verdicts, step, case):
+    assert verdicts[f"{step}/{case}"] == "PASS"
+
+
+@pytest.mark.parametrize("kind", PLANTED)
+def test_the_check_fails_on_each_planted_mistake(verdicts, kind):
+    assert verdicts[f"planted/{kind}"].startswith("FAIL attention"), verdicts[f"planted/{kind}"]
+
+
+# -- the host side, in this process ---------------------------------------------------------
+
+def test_rescale_exp2_is_rescale_in_base_two():
+    for m_old, m_new in [(-1.0, 2.0), (3.5, 3.5), (-math.inf, 0.5)]:
+        assert rules.rescale_exp2(m_old * rules.LOG2E, m_new * rules.LOG2E) == pytest.approx(
+            rules.rescale(m_old, m_new))
+    assert rules.rescale_exp2(1.0, -math.inf) == 0.0
+    assert math.isnan(rules.rescale_exp2(1.0, math.nan))
+    assert rules.LN2 * rules.LOG2E == pytest.approx(1.0)
+
+
+def test_the_visit_lists_leave_out_exactly_the_empty_tiles():
+    tiles = np.array([[2, 0, 1, 0], [0, 0, 0, 0], [1, 2, 2, 1]], dtype=np.int8)
+    visit, nvisit = cs.visit_lists(tiles)
+    assert nvisit.tolist() == [2, 0, 4]
+    assert visit[0, :2].tolist() == [0, 2] and visit[2].tolist() == [0, 1, 2, 3]
+
+
+def test_a_tiling_that_does_not_divide_its_threads_is_refused():
+    with pytest.raises(ValueError, match="multiple of tx"):
+        cs.Tiling(Br=64, Bc=30, threads=128, tx=8).check(64, 64)
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        cs.Tiling(Br=256, Bc=128, threads=1024, tx=8).check(256, 256)
+
+
+def test_shared_memory_layout_reuses_ks_for_p_and_pads_rows():
+    t = cs.Tiling(Br=64, Bc=32, threads=128, tx=8, pad=1)
+    L = t.layout(64, 64)
+    assert L["PS"] == L["KS"] and L["DP"] == 65 and L["BP"] == 33
+    assert t.shared_bytes(64, 64) == 4 * (64 * 65 + max(32 * 65, 64 * 33) + 32 * 64 + 64 * 8)
+
+
+def test_occupancy_names_the_resource_that_limits_it():
+    # 255 registers x 128 threads: 2 blocks of 4 warps fit in 64K registers
+    assert cs.occupancy(255, 1024, 128) == {"blocks_per_sm": 2, "warps_per_sm": 8, "occupancy": 0.125,
+                                            "limited_by": "registers"}
+    assert cs.occupancy(32, 100 * 1024, 128)["limited_by"] == "shared"
+    assert cs.occupancy(32, 0, 1024)["limited_by"] == "warps"
+
+
+def test_the_autotuner_keeps_the_fastest_candidate_that_ran():
+    times = {(64, 32, False): 3.0, (64, 32, True): 2.0, (32, 32, False): None, (32, 32, True): 1.0}
+
+    def fake(tiling):
+        return times[(tiling.Br, tiling.Bc, tiling.prefetch)]
+    best, results = cs.autotune(64, fake, candidates=[(64, 32, 128, 8), (32, 32, 64, 8)])
+    assert (best.Br, best.prefetch) == (32, True) and cs.TUNED[64] == best
+    assert len(results) == 4
+    cs.TUNED.clear()
+
+
+# -- records and the bench CLI ---------------------------------------------------------------
+
+def test_a_record_carries_the_flat_fields_and_its_layer():
+    rec = bench.record(benchmark="t", impl="x", shape=(2, 3, 5, 7, 4), dtype="float32", time_s=0.002,
+                       layer="kernel", device="NVIDIA H200", env={"cpu": "c"}, run="r1")
+    for key in ("run_id", "impl", "device", "dtype", "B", "H", "Nq", "Nk", "D", "causal", "median_ms", "tflops",
+                "layer", "environment"):
+        assert key in rec
+    assert (rec["B"], rec["Nk"], rec["median_ms"], rec["device"]) == (2, 7, 2.0, "NVIDIA H200")
+
+
+def test_the_bench_cli_runs_the_cpu_impls_and_reports_ratios(tmp_path, capsys):
+    out = tmp_path / "b.jsonl"
+    assert benchrun.main(["--out", str(out), "--sizes", "32", "--head-dims", "8", "--dtypes", "float32",
+                          "--decode-nk", "64", "--cpu-tokens", "32", "--repeats", "1", "--quiet", "--cpu",
+                          "--impls", "naive", "flash_numpy"]) == 0
+    records = bench.load_records(out)
+    assert {r["impl"] for r in records} == {"naive", "flash_numpy"}
+    assert {r["bucket"] for r in records} == {"prefill", "decode"}
+    assert all(r["layer"] == "end to end" and r["median_ms"] > 0 and r["run_id"] == records[0]["run_id"]
+               for r in records)
+    table = capsys.readouterr().out
+    assert "ratio" in table and "flash_numpy" in table
+
+
+def test_a_bucket_an_impl_cannot_take_is_recorded_with_its_reason():
+    b = dict(kind="prefill", B=1, H=1, Nq=8, Nk=8, D=8, causal=False, dtype="float16")
+    with pytest.raises(benchrun.NotApplicable, match="float32 only"):
+        benchrun.callable_for("cuda_tuned", b, (None, None, None), on_gpu=False)
+    rec = benchrun.skipped("cuda_tuned", b, "r", {}, "cpu", "kernel", "not applicable: float32 only")
+    assert rec["median_ms"] is None and rec["skipped"].startswith("not applicable")
+
+
+def test_the_committed_h200_records_hold_every_step_and_every_peer_in_one_run():
+    records = bench.load_records(ROOT / "notebooks" / "records" / "gpu_steps.jsonl", benchmark="gpu_steps")
+    assert len({r["run_id"] for r in records}) == 1
+    impls = {r["impl"] for r in records}
+    assert {f"cuda_{s}" for s in cs.STEPS} <= impls
+    assert set(benchrun.TORCH_PEERS) <= impls
+    checked = bench.load_records(ROOT / "notebooks" / "records" / "gpu_steps.jsonl", benchmark="gpu_steps_check")
+    assert checked and all(r["verdict"] == "PASS" for r in checked)
