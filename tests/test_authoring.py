@@ -66,12 +66,18 @@ def test_the_exercise_keeps_ids_tags_metadata_and_every_other_output():
     assert [c.id for c in exercise.cells] == [c.id for c in solution.cells]
     assert exercise.metadata.course.kind == "exercise" and solution.metadata.course.kind == "solution"
     for mine, theirs in zip(exercise.cells, solution.cells):
-        assert mine.metadata == theirs.metadata
+        def without_kept_verdicts(md):
+            return {**md, "course": {k: v for k, v in md.get("course", {}).items() if k != "expected_outputs"}}
+
+        assert without_kept_verdicts(mine.metadata) == without_kept_verdicts(theirs.metadata)
         if "answer" in theirs.metadata.get("tags", []):
             assert mine.outputs == [] and mine.execution_count is None
             assert "### BEGIN SOLUTION" not in mine.source and "NotImplementedError" in mine.source
+        elif "check" in theirs.metadata.get("tags", []):  # no verdict on show; kept for the grader
+            assert mine.source == theirs.source and mine.outputs == [] and mine.execution_count is None
+            assert mine.metadata.course.expected_outputs == theirs.outputs and theirs.outputs
         else:
-            assert mine == theirs  # check cells too, with their stored outputs
+            assert mine == theirs  # every other cell with its stored outputs
     answer = nf.cell(exercise, "ex12-answer").source
     assert answer.count("raise NotImplementedError") == 2 and "    e = np.exp(x)" in answer
 

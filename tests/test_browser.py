@@ -261,8 +261,6 @@ def test_a_lecture_opens_unmodified_and_runs_in_jupyterlab_without_errors(lab, n
     _check_report(notebook, report)
 
 
-@pytest.mark.xfail(strict=True, reason="exercises/ still store the solution's PASS lines under their check cells "
-                                       "(issue 11, item 2: the grader's tamper test reads them; to change with it)")
 def test_a_stored_exercise_shows_no_pass_under_its_unsolved_stubs(lab):
     """A learner who opens a fresh exercise notebook must not see PASS before writing a line."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="real-browser test skipped: playwright missing")

@@ -61,3 +61,17 @@ def test_the_rule_holds_for_the_synthetic_exercise_set(tmp_path):
     """Keeps the rule (and the recording plugin) tested while exercises/ is still empty."""
     root = nf.make_course(tmp_path / "course", {nf.SYNTHETIC: nf.synthetic_solution()})
     assert_fails_only_at_answers(root / "exercises" / f"{nf.SYNTHETIC}.ipynb", tmp_path / "records.jsonl")
+
+
+def test_a_solved_exercise_passes_nbval_against_the_verdicts_its_check_cells_keep(tmp_path):
+    """The other half of nbval as a grader: the set's answers in, the kept verdicts as the expected outputs,
+    and every cell passes.  (The exercise shows no verdict; its check cells keep them in
+    metadata.course.expected_outputs, the solution's own passing output.)"""
+    name = "01_naive_attention.ipynb"
+    exercise, solution = nf.read(nf.REPO / "exercises" / name), nf.read(nf.REPO / "solutions" / name)
+    nb = nf.with_answers(exercise, solution, nf.exercise_names(solution))
+    for check in nf.cells(nb, "check"):
+        assert check.outputs == [] and check.metadata.course.expected_outputs
+        check.outputs = check.metadata.course.expected_outputs
+    outcomes = cell_outcomes(nf.write(nb, tmp_path / name), tmp_path / "records.jsonl")
+    assert {i: r for i, r in outcomes.items() if r["outcome"] != "passed"} == {}

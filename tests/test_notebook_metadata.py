@@ -26,3 +26,25 @@ def registered_kernel():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_the_stored_kernelspec_is_the_one_make_lab_registers(path):
     assert json.loads(path.read_text())["metadata"]["kernelspec"] == registered_kernel()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_no_stored_output_is_a_widget_reference_that_cannot_render(path):
+    """No widget state is stored, so a stored widget reference shows "Error displaying widget: model not
+    found" in JupyterLab (and its repr text on GitHub): the course's widgets store their figure instead."""
+    nb = json.loads(path.read_text())
+    views = [cell["id"] for cell in nb["cells"] for out in cell.get("outputs", [])
+             if "application/vnd.jupyter.widget-view+json" in out.get("data", {})]
+    assert views == []
+
+
+def test_a_widget_output_keeps_its_figure_and_loses_the_reference_it_cannot_render():
+    from course_lib.grading.authoring import WIDGET_VIEW, strip_widget_views
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    twin = new_output("display_data", data={WIDGET_VIEW: {"model_id": "m"}, "image/png": "iVBOR", "text/plain": "<fig>"})
+    bare = new_output("display_data", data={WIDGET_VIEW: {"model_id": "n"}, "text/plain": "IntSlider(3)"})
+    nb = new_notebook(cells=[new_code_cell("x", id="a", outputs=[twin, bare])])
+    strip_widget_views(nb)
+    assert set(nb.cells[0].outputs[0].data) == {"image/png", "text/plain"}
+    assert WIDGET_VIEW in nb.cells[0].outputs[1].data  # a widget without a figure is left as it was

@@ -12,9 +12,12 @@ between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes a stub::
     # YOUR CODE HERE (roughly 3 lines)
     raise NotImplementedError("Exercise 1.2: replace this line with your code")
 
-Every other cell, check cells included, keeps its stored outputs: nbval then
-compares a learner's check cell with the passing output of the solution, so an
-untouched exercise fails exactly at its check cells and a correct one passes.
+A check cell keeps no output: a learner who opens a fresh set must not see the
+solution's PASS lines under an unsolved stub.  Its passing output moves into the
+cell's ``metadata.course.expected_outputs``, where the grader's tamper test reads
+it and nbval can be handed it (tests run a solved exercise that way); an
+untouched exercise still fails exactly at its check cells.  Every other cell
+keeps its stored outputs.
 Cell ids are kept, because the grader matches a submission's cells by id.
 
 The output is byte-identical from run to run, so ``--check`` (and a test) can
@@ -92,6 +95,9 @@ def make_exercise(nb, path=None):
     for index, cell in enumerate(nb.cells):
         if "answer" in tags(cell):
             cell.source = stub_source(cell.source, course_meta(cell)["exercise"], _where(path, index, cell))
+            cell.outputs, cell.execution_count = [], None
+        elif "check" in tags(cell):  # no PASS on show before the learner has written a line
+            cell.metadata.setdefault("course", {})["expected_outputs"] = cell.outputs
             cell.outputs, cell.execution_count = [], None
     nb.metadata.setdefault("course", {})["kind"] = "exercise"
     return nb
@@ -200,6 +206,24 @@ def merge_streams(outputs):
     return merged
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def strip_widget_views(nb) -> None:
+    """Drop the live-widget reference from outputs that carry a static twin (an image/png).
+
+    No widget state is stored, so the reference can never render from the file:
+    JupyterLab shows "Error displaying widget: model not found" in its place
+    until the cell is run.  The course's widgets put their figure beside it
+    (``widgets.figure_box_class``): that is what the stored notebook shows.
+    """
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if WIDGET_VIEW in data and "image/png" in data:
+                del data[WIDGET_VIEW]
+
+
 def execute(path: Path) -> None:
     """Run a notebook in place (kernel python3, in its own folder) and keep only what is stable.
 
@@ -214,6 +238,7 @@ def execute(path: Path) -> None:
     NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False, store_widget_state=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     nb.metadata.pop("widgets", None)
+    strip_widget_views(nb)
     widget_ids = {}
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
