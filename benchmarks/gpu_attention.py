@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -79,21 +78,7 @@ def plan_for(q, k, v, **options):
     return got["plan"]
 
 
-def cuda_timer(fn, repeats, warmup):
-    """Median milliseconds of fn() between CUDA events, after warm-up."""
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times) / 1e3, times
+cuda_timer = bench.cuda_time_it    # the kernel layer: CUDA events around each call
 
 
 def kernel_call(p, tq, tk, tv, tout, tlse):
@@ -208,13 +193,7 @@ def part_large(args, out, run, env, timing):
                 torch.cuda.empty_cache()
 
 
-def naive_torch(q, k, v, causal):
-    import torch
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        n, m = s.shape[-2:]
-        s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1 + m - n), -torch.inf)
-    return torch.softmax(s, -1) @ v
+naive_torch = bench.torch_naive
 
 
 def peers(tq, tk, tv, causal):

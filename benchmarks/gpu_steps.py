@@ -80,21 +80,7 @@ def environment():
     return env
 
 
-def cuda_timer(fn, repeats, warmup=2):
-    """Median seconds of fn() between CUDA events, after warm-up."""
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times) / 1e3, times
+cuda_timer = bench.cuda_time_it    # the kernel layer: CUDA events around each call
 
 
 def plan_for(step, q, k, v, tiling=None, splits=1, **options):
@@ -144,13 +130,7 @@ class Problem:
         return p, cs.launcher(p, dq, dk, dv, dout, dlse, *parts)
 
 
-def naive_torch(q, k, v, causal):
-    import torch
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        n, m = s.shape[-2:]
-        s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1 + m - n), -torch.inf)
-    return torch.softmax(s, -1) @ v
+naive_torch = bench.torch_naive
 
 
 def peers(pr, causal, which=None):

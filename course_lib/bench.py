@@ -44,6 +44,35 @@ def time_it(fn, *args, repeats=5, warmup=1, **kwargs) -> float:
     return statistics.median(times)
 
 
+def cuda_time_it(fn, repeats, warmup=2):
+    """(median seconds, every time in ms) of fn() between CUDA events, after warm-up: the kernel
+    layer, with no host overhead in it.  Needs torch with CUDA."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times) / 1e3, times
+
+
+def torch_naive(q, k, v, causal):
+    """The ``torch_naive`` peer: S = QK^T scaled, causal aligned bottom right, softmax, then P @ V."""
+    import torch
+    with torch.no_grad():
+        s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if causal:
+            n, m = s.shape[-2:]
+            s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1 + m - n), -torch.inf)
+        return torch.softmax(s, -1) @ v
+
+
 def time_interleaved(calls: dict, *, repeats=5, warmup=1) -> dict:
     """Median seconds of each zero-argument callable in ``calls`` ({name: fn}), timed in turn.
 

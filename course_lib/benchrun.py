@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -87,19 +86,7 @@ class Timer:
     def __call__(self, fn):
         if not self.on_gpu:
             return bench.time_it(fn, repeats=self.repeats, warmup=self.warmup)
-        import torch
-        for _ in range(self.warmup):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(self.repeats):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) / 1e3)
-        return statistics.median(times)
+        return bench.cuda_time_it(fn, self.repeats, self.warmup)[0]
 
 
 def torch_calls(q, k, v, causal):
@@ -109,12 +96,7 @@ def torch_calls(q, k, v, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def naive():
-        with torch.no_grad():
-            s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-            if causal:
-                n, m = s.shape[-2:]
-                s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1 + m - n), -torch.inf)
-            return torch.softmax(s, -1) @ v
+        return bench.torch_naive(q, k, v, causal)
 
     def sdpa(backend):
         def go():

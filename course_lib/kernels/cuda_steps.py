@@ -159,15 +159,9 @@ def available() -> bool:
     return numba is not None
 
 
-if numba is not None:
-    _rule = cuda.jit(device=True)
-    visible = _rule(rules.visible)
-    alibi_distance = _rule(rules.alibi_distance)
-    softcap = _rule(rules.softcap)
-    max_nan = _rule(rules.max_nan)
-    shift_of = _rule(rules.shift_of)
-    rescale_exp2 = _rule(rules.rescale_exp2)
-    finalize = _rule(rules.finalize)
+if numba is not None:   # the shared rules, as chapter 09's module compiled them for the GPU
+    visible, alibi_distance, softcap, max_nan = ch09.visible, ch09.alibi_distance, ch09.softcap, ch09.max_nan
+    shift_of, rescale_exp2, finalize = ch09.shift_of, ch09.rescale_exp2, ch09.finalize
 
 _KERNELS = {}
 
