@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,29 @@ def test_shared_memory_layout_reuses_ks_for_p_and_pads_rows():
     L = t.layout(64, 64)
     assert L["PS"] == L["KS"] and L["DP"] == 65 and L["BP"] == 33
     assert t.shared_bytes(64, 64) == 4 * (64 * 65 + max(32 * 65, 64 * 33) + 32 * 64 + 64 * 8)
+
+
+def test_the_vectorised_layout_keeps_every_row_16_byte_aligned_and_conflict_free():
+    for D, Dv, tiling in [(64, 64, cs.STEP_TILING["tiled_staged"]), (128, 128, cs.STEP_TILING["tiled_vec4"]),
+                          (7, 5, replace(cs.SIM_TILING, vec=True)), (40, 24, cs.DECODE_TILING)]:
+        L = tiling.layout(D, Dv)
+        for name in ("QS", "KS", "VS", "PS", "RED", "DP", "EP", "BP"):
+            assert L[name] % 4 == 0, (D, Dv, name, L[name])     # every row starts on 16 bytes
+        assert L["DP"] % 32 == 4 and L["DP"] >= D                  # 8 rows of Q / K: 8 different bank quads
+        assert L["EP"] >= Dv and L["EP"] % (4 * tiling.tx) == 0   # dims owned in chunks of 4 per thread
+        assert tiling.shared_bytes(D, Dv) == 4 * L["size"]
+    with pytest.raises(ValueError, match="divide a warp"):
+        cs.Tiling(Br=64, Bc=48, threads=96, tx=12, vec=True).check(64, 64)
+
+
+def test_decode_splits_asks_for_two_full_waves_of_blocks():
+    tiling = cs.DECODE_TILING
+    per_sm = cs.occupancy(40, tiling.shared_bytes(128, 128), tiling.threads)["blocks_per_sm"]
+    splits, why = cs.decode_splits(128, 1024, tiling, 128, 128, regs=40, sms=132)
+    assert why["blocks_per_sm"] == per_sm and splits & (splits - 1) == 0
+    assert 128 * splits >= 2 * 132 * per_sm > 128 * splits // 2     # the fewest that fill two waves
+    assert cs.decode_splits(128, 3, tiling, 128, 128, sms=132)[0] == 2    # never more splits than tiles
+    assert cs.decode_splits(100000, 1024, tiling, 128, 128, sms=132)[0] == 1
 
 
 def test_occupancy_names_the_resource_that_limits_it():

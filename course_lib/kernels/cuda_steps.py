@@ -77,7 +77,8 @@ from ..reference import nan_lse_where_out_is_nan
 from . import flash_numba_cuda as ch09
 from . import launch as host
 
-STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tuned")
+STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tiled_vec4",
+         "tiled_staged", "tuned")
 STATIC_SHARED = 48 * 1024       # what a block gets without asking the driver
 MAX_SHARED = 227 * 1024         # what an H100 / H200 block may get after asking
 
@@ -101,6 +102,8 @@ class Tiling:
     prefetch: bool = True    # next K / V tile into registers during the current one
     max_regs: int = 0        # a cap on registers per thread for the compiler (0: its own choice)
     unsigned: bool = True    # shared / global indices cast to uint64 (False: numba's wraparound code)
+    vec: bool = False        # tiled_vec4's kernel: 16-byte shared loads, shuffles, heaviest tiles first
+    # (for it, ``prefetch`` means tiled_staged's loads: a whole tile through registers, one ahead)
 
     @property
     def ty(self):
@@ -117,12 +120,16 @@ class Tiling:
     def check(self, D, Dv):
         if self.threads % self.tx or self.Br % self.ty or self.Bc % self.tx or self.threads > 1024:
             raise ValueError(f"{self}: threads must be a multiple of tx, Br of threads / tx and Bc of tx")
+        if self.vec and (32 % self.tx or self.Bc % 4):
+            raise ValueError(f"{self}: the vectorised kernel needs tx to divide a warp (32) and Bc a multiple of 4")
         if self.shared_bytes(D, Dv) > MAX_SHARED:
             raise ValueError(f"{self} needs {self.shared_bytes(D, Dv)} bytes of shared memory at D={D}, "
                              f"Dv={Dv}; a block gets at most {MAX_SHARED}")
 
     def layout(self, D, Dv):
         """Offsets (in floats) of Qs, Ks (= Ps), Vs, red in the dynamic buffer, and its size."""
+        if self.vec:
+            return self.vec_layout(D, Dv)
         re = -(-Dv // self.tx)
         dp, ep, bp = D + self.pad, re * self.tx, self.Bc + self.pad
         qs = 0
@@ -132,12 +139,33 @@ class Tiling:
         return dict(QS=qs, KS=ks, PS=ks, VS=vs, RED=red, DP=dp, EP=ep, BP=bp, RE=re,
                     size=red + self.Br * self.tx)
 
+    def vec_layout(self, D, Dv):
+        """tiled_vec4's buffer: every row a multiple of 4 floats (16 bytes, one ``ld.shared.v4``).
+        Q and K rows are D4 = D rounded up to 4 (zeros past D), strided DP = D4 rounded up to 32,
+        plus 4: the 8 threads that one 16-byte load serves at a time read 8 different rows, which
+        then start in 8 different groups of 4 banks.  A thread owns output dims in chunks of 4
+        (4 tx + 4 TX g + j), so V rows are EP = 4 TX RG wide.  P has its own rows (BP = Bc + 4)."""
+        d4 = -(-D // 4) * 4
+        dp = -(-d4 // 32) * 32 + 4
+        rg = -(-Dv // (4 * self.tx))
+        ep = 4 * self.tx * rg
+        bp = self.Bc + 4
+        qs = 0
+        ks = qs + self.Br * dp
+        vs = ks + self.Bc * dp
+        ps = vs + self.Bc * ep
+        red = ps + self.Br * bp
+        return dict(QS=qs, KS=ks, PS=ps, VS=vs, RED=red, DP=dp, EP=ep, BP=bp, RE=4 * rg, RG=rg, D4=d4,
+                    size=red + self.Br * self.tx)
+
     def shared_bytes(self, D, Dv):
         return 4 * self.layout(D, Dv)["size"]
 
 
 # Decode (Nq = 1): a block of one warp per query row, its 32 threads along the keys and dims.
-DECODE_TILING = Tiling(Br=1, Bc=64, threads=32, tx=32, pad=1, prefetch=False)
+DECODE_TILING = Tiling(Br=1, Bc=32, threads=32, tx=32, pad=4, prefetch=True, vec=True)
+SMS = 132                  # multiprocessors of an H100 / H200 (``decode_splits`` asks the GPU when it can)
+DECODE_WAVES = 2           # split-KV aims at this many full waves of resident blocks
 SIM_TILING = Tiling(Br=8, Bc=8, threads=16, tx=4)   # the simulators run a Python thread per CUDA thread
 
 # What each step changes, as a Tiling (``tuned``'s comes from ``autotune``).
@@ -146,6 +174,8 @@ STEP_TILING = {
     "tiled_unsigned": Tiling(pad=0, prefetch=False),
     "tiled_padded": Tiling(pad=1, prefetch=False),
     "tiled_prefetch": Tiling(pad=1, prefetch=True),
+    "tiled_vec4": Tiling(Br=128, Bc=64, threads=256, tx=16, pad=4, prefetch=False, vec=True),
+    "tiled_staged": Tiling(Br=128, Bc=64, threads=256, tx=16, pad=4, prefetch=True, vec=True),
 }
 # The autotuner's candidates: (Br, Bc, threads, tx), each with the pad and the prefetch.
 CANDIDATES = [
@@ -378,6 +408,309 @@ def make_tiled_kernel(tiling: Tiling, D: int, Dv: int):
     return tiled_forward_kernel
 
 
+def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
+    """tiled_vec4: the micro-tiled kernel rebuilt so that one shared-memory load feeds many FMAs.
+
+    ``tiled`` reads one float per load: its S loop issues RM + RN loads for RM x RN FMAs, its
+    O loop RM + RE for RM x RE, and a multiprocessor issues one shared load per clock against
+    four FMA instructions.  Here every operand comes four floats at a time (one
+    ``ld.shared.v4.f32``: rows padded to multiples of 4 floats, a 16-byte-aligned buffer,
+    unsigned constant-unrolled indices, so that the compiler can prove the alignment):
+
+    - S: for each group of 4 dims, RM loads of Q and RN of K feed 4 x RM x RN FMAs;
+    - O: for each group of 4 keys, RM loads of P and 4 x RG of V (a thread owns its output dims
+      in chunks of 4) feed 4 x RM x RE FMAs.
+
+    The row max and the row sum are reduced over the TX threads of a row with warp shuffles
+    (no barrier; the simulator, which has no shuffles, goes through shared memory), P has its
+    own buffer, the tail key tile and the partial tiles alone pay for the mask, and the grid
+    runs the query tiles from the last to the first: under a causal mask the last tiles visit
+    the most key tiles, and starting them first leaves the short ones to fill the end.
+    """
+    key = ("vec", tiling, D, Dv)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    tiling.check(D, Dv)
+    L = tiling.layout(D, Dv)
+    Br, Bc, NT, TX, TY, RM, RN = tiling.Br, tiling.Bc, tiling.threads, tiling.tx, tiling.ty, tiling.rm, tiling.rn
+    QS, KS, PS, VS, RED, DP, EP, BP, RE, RG, D4 = (
+        L[n] for n in ("QS", "KS", "PS", "VS", "RED", "DP", "EP", "BP", "RE", "RG", "D4"))
+    SIM = bool(numba.config.ENABLE_CUDASIM)
+    STAGED = tiling.prefetch         # the vectorised kernel's prefetch: K / V staged in registers
+    U = uint64
+    NK = -(-Bc * D4 // NT)           # K elements each thread loads per tile
+    NV = -(-Bc * EP // NT)
+    # when the threads cover whole rows, thread t always loads column t % D4 of rows t // D4 + KROWS u
+    KDIV, VDIV = NT % D4 == 0, NT % EP == 0
+    KROWS, VROWS = max(1, NT // D4), max(1, NT // EP)
+    NEG_INF = float32(-math.inf)
+    LN2 = float32(rules.LN2)
+    ALL = 0xFFFFFFFF
+
+    caps = {} if SIM or not tiling.max_regs else {"max_registers": tiling.max_regs}
+
+    @cuda.jit(fastmath=True, **caps)
+    def vec_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
+                           offset, left, right, out, lse):
+        """q (B, H, Nq, D) ... -> out (S, B, H, Nq, Dv), lse (S, B, H, Nq); grid (B*H, Tr, S)."""
+        H, Nq, Nk, Hk = q.shape[1], q.shape[2], k.shape[2], k.shape[1]
+        b = cuda.blockIdx.x // H
+        h = cuda.blockIdx.x % H
+        tr = cuda.gridDim.y - 1 - cuda.blockIdx.y     # the last query tiles (the longest rows) first
+        kh = kv_head[h]
+        split = cuda.blockIdx.z
+        t = cuda.threadIdx.x
+        tx = t % TX
+        ty = t // TX
+        row0 = tr * Br
+        if SIM:                               # the simulator takes no alignment (and needs none)
+            sm = cuda.shared.array(0, float32)
+        else:
+            sm = cuda.shared.array(0, float32, alignment=16)
+        slope = float32(slopes[b, h])
+
+        n_all = nvisit[tr]
+        per = (n_all + cuda.gridDim.z - 1) // cuda.gridDim.z
+        first = split * per
+        last = min(n_all, first + per)
+
+        for x in range(t, Br * D4, NT):       # Q tile, scaled (log2 units), zero past Nq and D
+            r = x // D4
+            d = x % D4
+            val = float32(0.0)
+            if row0 + r < Nq and d < D:
+                val = q[U(b), U(h), U(row0 + r), U(d)] * scale
+            sm[U(QS + r * DP + d)] = val
+
+        kreg = cuda.local.array(NK, float32)
+        vreg = cuda.local.array(NV, float32)
+        kc, kd, vc, ve = t // D4, t % D4, t // EP, t % EP
+        o = cuda.local.array((RM, RE), float32)
+        m = cuda.local.array(RM, float32)
+        l = cuda.local.array(RM, float32)
+        s = cuda.local.array((RM, RN), float32)
+        qa = cuda.local.array((RM, 4), float32)
+        kb = cuda.local.array((RN, 4), float32)
+        vb = cuda.local.array((RG, 4), float32)
+        rmax = cuda.local.array(RM, float32)
+        for r in range(RM):
+            m[r] = NEG_INF
+            l[r] = float32(0.0)
+            for e in range(RE):
+                o[r, e] = float32(0.0)
+
+        # tiled_staged: K and V go through registers, every load of a tile issued before the first
+        # of them is needed (one trip to memory per tile, not one per element), tile n + 1's loads
+        # in flight while tile n is computed; iteration first - 1 only issues the first tile's.
+        # tiled_vec4 (STAGED False) loads each element and stores it before it loads the next.
+        for n in range(first - 1, last):
+            if n >= first:
+                cuda.syncthreads()            # nobody reads the last tile's Ks, Vs, Ps any more
+                for u in range(NK):
+                    if KDIV:
+                        c = kc + u * KROWS
+                        d = kd
+                        ok = Bc % KROWS == 0 or c < Bc
+                    else:
+                        x = t + u * NT
+                        c = x // D4
+                        d = x % D4
+                        ok = x < Bc * D4
+                    if ok:
+                        if STAGED:
+                            val = kreg[u]
+                        else:                     # tiled_vec4: load and store one element at a time
+                            val = float32(0.0)
+                            if visit[tr, n] * Bc + c < Nk and (D4 == D or d < D):
+                                val = k[U(b), U(kh), U(visit[tr, n] * Bc + c), U(d)]
+                        sm[U(KS + c * DP + d)] = val
+                for u in range(NV):
+                    if VDIV:
+                        c = vc + u * VROWS
+                        e = ve
+                        ok = Bc % VROWS == 0 or c < Bc
+                    else:
+                        x = t + u * NT
+                        c = x // EP
+                        e = x % EP
+                        ok = x < Bc * EP
+                    if ok:
+                        if STAGED:
+                            val = vreg[u]
+                        else:
+                            val = float32(0.0)
+                            if visit[tr, n] * Bc + c < Nk and (EP == Dv or e < Dv):
+                                val = v[U(b), U(kh), U(visit[tr, n] * Bc + c), U(e)]
+                        sm[U(VS + c * EP + e)] = val
+            if STAGED and n + 1 < last:
+                c1 = visit[tr, n + 1] * Bc
+                # On the GPU an element is read at its flat offset, k[0, 0, 0, x]: the arrays are
+                # C-contiguous (the address is just data + 4 x) and numba checks no bounds there,
+                # so the offsets of a thread's NK loads differ by constants the compiler folds into
+                # the load instructions, instead of a 64-bit multiply by a run-time shape each.
+                kflat = ((b * Hk + kh) * Nk + c1) * D
+                vflat = ((b * Hk + kh) * Nk + c1) * Dv
+                for u in range(NK):
+                    if KDIV:
+                        c = kc + u * KROWS
+                        d = kd
+                        ok = Bc % KROWS == 0 or c < Bc
+                    else:
+                        x = t + u * NT
+                        c = x // D4
+                        d = x % D4
+                        ok = x < Bc * D4
+                    val = float32(0.0)
+                    if ok and c1 + c < Nk and (D4 == D or d < D):
+                        if SIM:                   # the simulator's arrays check their bounds
+                            val = k[U(b), U(kh), U(c1 + c), U(d)]
+                        else:
+                            val = k[0, 0, 0, U(kflat + c * D + d)]
+                    kreg[u] = val
+                for u in range(NV):
+                    if VDIV:
+                        c = vc + u * VROWS
+                        e = ve
+                        ok = Bc % VROWS == 0 or c < Bc
+                    else:
+                        x = t + u * NT
+                        c = x // EP
+                        e = x % EP
+                        ok = x < Bc * EP
+                    val = float32(0.0)
+                    if ok and c1 + c < Nk and (EP == Dv or e < Dv):
+                        if SIM:
+                            val = v[U(b), U(kh), U(c1 + c), U(e)]
+                        else:
+                            val = v[0, 0, 0, U(vflat + c * Dv + e)]
+                    vreg[u] = val
+            if n < first:
+                continue
+            tc = visit[tr, n]
+            kind = tiles[tr, tc]
+            c0 = tc * Bc
+            cuda.syncthreads()                # Ks, Vs (and Qs) complete
+
+            # S = Qs Ks^T on this thread's RM x RN micro-tile, 4 dims per load
+            for r in range(RM):
+                for c in range(RN):
+                    s[r, c] = float32(0.0)
+            for d4 in range(D4 // 4):
+                d = d4 * 4
+                for r in range(RM):
+                    for j in range(4):
+                        qa[r, j] = sm[U(QS + (ty + TY * r) * DP + d + j)]
+                for c in range(RN):
+                    for j in range(4):
+                        kb[c, j] = sm[U(KS + (tx + TX * c) * DP + d + j)]
+                for r in range(RM):
+                    for c in range(RN):
+                        for j in range(4):
+                            s[r, c] += qa[r, j] * kb[c, j]
+
+            # the rules, only where a tile needs them (softcap, ALiBi, a partial or a tail tile):
+            # they go through this thread's own places in Ps, so that the loop that applies them
+            # (too long to unroll) never indexes s, which must stay in registers
+            edge = kind == rules.PARTIAL or c0 + Bc > Nk
+            if edge or alibi or cap > 0:
+                for r in range(RM):
+                    for c in range(RN):
+                        sm[U(PS + (ty + TY * r) * BP + tx + TX * c)] = s[r, c]
+                for r in range(RM):
+                    i = row0 + ty + TY * r
+                    for c in range(RN):
+                        j = c0 + tx + TX * c
+                        at = U(PS + (ty + TY * r) * BP + tx + TX * c)
+                        sc = float32(softcap(sm[at], cap))
+                        if alibi:
+                            sc -= slope * float32(alibi_distance(i, j, offset))
+                        if edge:
+                            if j >= Nk or not visible(i, j, offset, left, right):
+                                sc = NEG_INF
+                        sm[at] = sc
+                for r in range(RM):
+                    for c in range(RN):
+                        s[r, c] = sm[U(PS + (ty + TY * r) * BP + tx + TX * c)]
+            for r in range(RM):
+                mx = NEG_INF
+                for c in range(RN):
+                    mx = max_nan(mx, s[r, c])
+                if SIM:
+                    sm[U(RED + (ty + TY * r) * TX + tx)] = mx
+                else:                         # the TX threads of a row are TX neighbouring lanes
+                    for w in (16, 8, 4, 2, 1):    # unrolled; a constant test drops the steps past TX
+                        if w < TX:
+                            mx = max_nan(mx, cuda.shfl_xor_sync(ALL, mx, w))
+                    rmax[r] = mx
+            if SIM:
+                cuda.syncthreads()
+                for r in range(RM):
+                    mx = NEG_INF
+                    for x in range(TX):
+                        mx = max_nan(mx, sm[U(RED + (ty + TY * r) * TX + x)])
+                    rmax[r] = mx
+
+            # the row's new max (all TX threads of a row agree on it), P into shared memory
+            for r in range(RM):
+                m_new = max_nan(m[r], rmax[r])
+                alpha = float32(rescale_exp2(m[r], m_new))
+                shift = float32(shift_of(m_new))
+                l[r] *= alpha
+                for e in range(RE):
+                    o[r, e] *= alpha
+                m[r] = m_new
+                for c in range(RN):
+                    p = rules.exp2(s[r, c] - shift)
+                    l[r] += p
+                    sm[U(PS + (ty + TY * r) * BP + tx + TX * c)] = p
+            cuda.syncthreads()                # P complete
+
+            # O += P Vs on this thread's RM x RE micro-tile, 4 keys per load of P
+            for c4 in range(Bc // 4):
+                c = c4 * 4
+                for r in range(RM):
+                    for j in range(4):
+                        qa[r, j] = sm[U(PS + (ty + TY * r) * BP + c + j)]
+                for j in range(4):
+                    for g in range(RG):
+                        for jj in range(4):
+                            vb[g, jj] = sm[U(VS + (c + j) * EP + 4 * tx + 4 * TX * g + jj)]
+                    for r in range(RM):
+                        for g in range(RG):
+                            for jj in range(4):
+                                o[r, 4 * g + jj] += qa[r, j] * vb[g, jj]
+
+        # each thread summed only its own keys: add the TX shares of every row's l
+        if SIM:
+            cuda.syncthreads()
+            for r in range(RM):
+                sm[U(RED + (ty + TY * r) * TX + tx)] = l[r]
+            cuda.syncthreads()
+        for r in range(RM):
+            total = l[r]
+            if SIM:
+                total = float32(0.0)
+                for x in range(TX):
+                    total += sm[U(RED + (ty + TY * r) * TX + x)]
+            else:
+                for w in (16, 8, 4, 2, 1):
+                    if w < TX:
+                        total += cuda.shfl_xor_sync(ALL, total, w)
+            i = row0 + ty + TY * r
+            row_lse, inv_l = finalize(m[r] * LN2, total)
+            if i < Nq:
+                if tx == 0:
+                    lse[split, b, h, i] = row_lse
+                for g in range(RG):
+                    for jj in range(4):
+                        e = 4 * tx + 4 * TX * g + jj
+                        if e < Dv:
+                            out[split, b, h, i, e] = o[r, 4 * g + jj] * float32(inv_l)
+
+    _KERNELS[key] = vec_forward_kernel
+    return vec_forward_kernel
+
+
 def make_merge_kernel():
     """Split-KV's last step: one thread per (b, h, i) merges the S partials with the lse rule."""
     if "merge" in _KERNELS:
@@ -438,10 +771,10 @@ def tiling_for(step, D):
     """The Tiling a step runs with: its own, ``TUNED[D]`` for ``tuned``, and in the simulator
     the step's switches (pad, prefetch, unsigned) on the small SIM_TILING."""
     if not on_gpu():
-        own = STEP_TILING.get(step, Tiling())
-        return replace(SIM_TILING, pad=own.pad, prefetch=own.prefetch, unsigned=own.unsigned)
+        own = STEP_TILING.get("tiled_staged" if step == "tuned" else step, Tiling())
+        return replace(SIM_TILING, pad=own.pad, prefetch=own.prefetch, unsigned=own.unsigned, vec=own.vec)
     if step == "tuned":
-        return TUNED.get(D, STEP_TILING["tiled_prefetch"])
+        return TUNED.get(D, STEP_TILING["tiled_staged"])
     return STEP_TILING[step]
 
 
@@ -471,7 +804,7 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     tiling = tiling or tiling_for(step, D)
     if opts.block_q or opts.block_k:
         tiling = replace(tiling, Br=opts.block_q or tiling.Br, Bc=opts.block_k or tiling.Bc)
-    kernel = make_tiled_kernel(tiling, D, Dv)
+    kernel = (make_vec_kernel if tiling.vec else make_tiled_kernel)(tiling, D, Dv)
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, tiling.Br, tiling.Bc)[0]
     visit, nvisit = visit_lists(launch.tiles)
     unit = rules.LOG2E       # base 2: scores, softcap and slopes in log2 units
@@ -479,7 +812,9 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
             np.float32(launch.softcap * unit), launch.alibi, (launch.slopes * unit).astype(np.float32),
             launch.offset, launch.left, launch.right)
     splits = max(1, min(int(splits), int(nvisit.max()) if nvisit.size else 1))
-    return Plan(step, kernel, (launch.tiles.shape[0], B * H, splits), tiling.threads,
+    Tr = launch.tiles.shape[0]
+    grid = (B * H, Tr, splits) if tiling.vec else (Tr, B * H, splits)
+    return Plan(step, kernel, grid, tiling.threads,
                 tiling.shared_bytes(D, Dv), args, splits, (B, H, Nq, Dv), launch, tiling)
 
 
@@ -601,14 +936,38 @@ def resources(kernel):
     return out
 
 
-def autotune(D, time_plan, candidates=None, prefetch=(False, True)):
+def decode_splits(rows, tiles, tiling, D, Dv, regs=64, sms=None, waves=DECODE_WAVES):
+    """Split-KV's rule: the fewest splits (a power of two) that give ``waves`` full waves of blocks.
+
+    ``rows`` blocks run without a split (B * H * Tr); a multiprocessor holds ``blocks_per_sm`` of
+    them at once (``occupancy`` of the tiling's shared memory, threads and ``regs``), so the chip
+    holds ``sms * blocks_per_sm``.  Fewer blocks leave multiprocessors idle or shallow (too few
+    loads in flight); more only add partials to merge.  Never more splits than key tiles.
+    Returns (splits, the numbers the rule used)."""
+    if sms is None:
+        sms = SMS
+        if on_gpu():
+            sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    per_sm = occupancy(regs, tiling.shared_bytes(D, Dv), tiling.threads)["blocks_per_sm"]
+    want = waves * sms * per_sm
+    splits = 1
+    while rows * splits < want and splits * 2 <= max(1, tiles):
+        splits *= 2
+    return splits, {"rows": rows, "key_tiles": tiles, "sms": sms, "blocks_per_sm": per_sm, "waves": waves,
+                    "blocks": rows * splits, "regs": regs}
+
+
+def autotune(D, time_plan, candidates=None, prefetch=(False, True), base=None):
     """Time every candidate Tiling at head dim D with ``time_plan(tiling) -> seconds`` (None: it
-    failed), keep the fastest in ``TUNED[D]`` and return (best, [(tiling, seconds), ...])."""
+    failed), keep the fastest in ``TUNED[D]`` and return (best, [(tiling, seconds), ...]).
+    ``base`` gives the switches the candidates share (default: ``tiled_prefetch``'s kernel,
+    pad 1); each candidate is (Br, Bc, threads, tx[, register cap]), tried with each ``prefetch``."""
     candidates = candidates or CANDIDATES
+    base = base or Tiling(pad=1)
     results = []
     for Br, Bc, threads, tx, *cap in candidates:
         for pf in prefetch:
-            tiling = Tiling(Br=Br, Bc=Bc, threads=threads, tx=tx, pad=1, prefetch=pf, max_regs=(cap or [0])[0])
+            tiling = replace(base, Br=Br, Bc=Bc, threads=threads, tx=tx, prefetch=pf, max_regs=(cap or [0])[0])
             try:
                 tiling.check(D, D)
             except ValueError:
