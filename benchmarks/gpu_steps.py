@@ -270,19 +270,20 @@ def part_tune(args):
                        f"{str(error)[:500]}", "environment": ENV})
                 return None
         cands = CANDIDATES[D]
-        best, results = cs.autotune(D, time_plan, candidates=cands)
+        best, results = cs.autotune(D, time_plan, candidates=cands, prefetch=(True,), base=TUNE_BASE)
         log(f"tuned D={D}: {best}")
         write({"benchmark": "gpu_steps_tuned", "run_id": RUN, "run": RUN, "D": D, "tiling": best.__dict__,
                "timed": [[t.__dict__, s] for t, s in results], "environment": ENV})
         del pr
 
 
+# The autotuner's candidates for ``tuned`` (tiled_staged's kernel: 16-byte shared loads, K / V staged
+# through registers), (Br, Bc, threads, tx[, register cap]).  Chosen around what an exploration on
+# the H200 found (benchmarks/vec_explore.py): 128-row blocks of 256 threads, 64-key tiles.
+TUNE_BASE = cs.Tiling(pad=4, prefetch=True, vec=True)
 CANDIDATES = {
-    # (Br, Bc, threads, tx[, register cap]); each with and without the prefetch
-    64: [(64, 32, 128, 8), (64, 64, 128, 8), (64, 32, 256, 16), (64, 64, 256, 16), (128, 32, 256, 8),
-         (128, 64, 256, 8), (128, 64, 256, 8, 128)],
-    128: [(64, 32, 128, 8), (64, 32, 256, 16), (64, 64, 256, 16), (128, 32, 256, 16), (128, 64, 256, 16),
-          (128, 32, 256, 16, 128)],
+    64: [(128, 64, 256, 8), (128, 64, 256, 16), (64, 64, 128, 8), (64, 32, 128, 8, 128), (128, 32, 256, 16)],
+    128: [(128, 64, 256, 16), (128, 32, 256, 16), (128, 32, 256, 8), (64, 32, 128, 8), (64, 32, 256, 16, 128)],
 }
 
 
@@ -332,12 +333,15 @@ def part_causal(args):
 
 
 def part_decode(args):
+    """Decode with one block per (b, h) against split-KV and its lse merge: the splits swept, and the
+    rule ``cs.decode_splits`` (enough blocks for DECODE_WAVES full waves) recorded with its choice."""
     import torch
     for D in args.head_dims:
         pr = Problem(8, 16, 1, 32768, D, seed=7)
         tiling = cs.DECODE_TILING
         ref = None
-        for splits in (1, 4, 16, 32, 64, 128, 256):
+        regs = 64
+        for splits in (1, 4, 8, 16, 32, 64, 128):
             try:
                 p, call = pr.call("tuned", tiling=tiling, splits=splits)
                 call()
@@ -345,6 +349,8 @@ def part_decode(args):
                 if ref is None:
                     acc = accuracy(pr, False)
                     ref = pr.out.clone()
+                    got = cs.resources(p.kernel).get("regs_per_thread")
+                    regs = got if isinstance(got, int) else regs
                 else:
                     acc = {"max_diff_to_unsplit": float((pr.out - ref).abs().max())}
                     acc.update(accuracy(pr, False))
@@ -353,6 +359,13 @@ def part_decode(args):
             except Exception as error:  # noqa: BLE001
                 log(f"decode splits={splits}: FAILED {type(error).__name__}: {str(error)[:300]}")
                 log(traceback.format_exc()[-1200:])
+        rows = 8 * 16 * 1
+        n_tiles = -(-32768 // tiling.Bc)
+        chosen, inputs = cs.decode_splits(rows, n_tiles, tiling, D, D, regs=regs)
+        write({"benchmark": "gpu_steps_decode_rule", "run_id": RUN, "run": RUN, "D": D, "splits": chosen,
+               "rule": "fewest splits (a power of two) with B*H*splits >= DECODE_WAVES x SMs x blocks per SM",
+               "inputs": inputs, "tiling": tiling.__dict__, "environment": ENV})
+        log(f"decode D={D}: the rule chooses {chosen} splits {inputs}")
         for impl, (fn, dtype) in peers(pr, False).items():
             time_record("gpu_steps_decode", impl, fn, pr.shape, dtype, False, args.repeats)
         del pr
@@ -441,15 +454,27 @@ def part_masks(args):
 
 def part_sanitize(args):
     """Small launches of every micro-tiled kernel, for compute-sanitizer (racecheck / synccheck) to watch."""
+    import contextlib
+    import io
     rng = np.random.default_rng(5)
     q = rng.standard_normal((1, 2, 70, 64)).astype(np.float32)
     k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float32) for _ in range(2))
-    for step in ("tiled", "tiled_padded", "tiled_prefetch", "tuned"):
+    verdicts = []
+
+    def check(*a, **kw):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            checks.check_attention(*a, **kw)
+        verdicts.append(buf.getvalue().strip().splitlines()[-1])
+    steps = ("tiled", "tiled_padded", "tiled_prefetch", "tiled_vec4", "tiled_staged", "tuned")
+    for step in steps:
         o, lse = cs.attention(q, k, v, step=step, causal=True, return_lse=True)
-        checks.check_attention(o, q, k, v, lse=lse, causal=True)
+        check(o, q, k, v, lse=lse, causal=True)
     o, lse = cs.attention(q[:, :, :1], k, v, step="tuned", tiling=cs.DECODE_TILING, splits=3, return_lse=True)
-    checks.check_attention(o, q[:, :, :1], k, v, lse=lse)
-    write({"benchmark": "gpu_steps_sanitize", "run_id": RUN, "run": RUN, "cases": 5, "environment": ENV})
+    check(o, q[:, :, :1], k, v, lse=lse)
+    log("\n".join(verdicts))
+    write({"benchmark": "gpu_steps_sanitize", "run_id": RUN, "run": RUN, "cases": len(verdicts),
+           "steps": [*steps, "tuned split-KV decode"], "checks": verdicts, "environment": ENV})
 
 
 def main(argv=None):

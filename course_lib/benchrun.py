@@ -237,7 +237,9 @@ def cuda_call(b, arrays):
     B, H, Nq, Nk, D = b["B"], b["H"], b["Nq"], b["Nk"], b["D"]
     host = [np.empty(t.shape, np.float32) for t in (q, k, v)]
     tiling = cs.DECODE_TILING if b["kind"] == "decode" else None
-    splits = 64 if b["kind"] == "decode" else 1
+    splits = 1
+    if b["kind"] == "decode":   # split-KV, as many splits as cs.decode_splits's rule asks for
+        splits = cs.decode_splits(B * H, -(-Nk // tiling.Bc), tiling, D, D)[0]
     got = {}
 
     def grab(q_, k_, v_, opts, mask):

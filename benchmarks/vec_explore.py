@@ -1,0 +1,118 @@
+"""Exploration on the GPU (not the committed record run): tiled_vec4's candidates, causal, decode.
+
+    python benchmarks/vec_explore.py OUTDIR [parts...]
+"""
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import gpu_steps as gs  # noqa: E402
+from course_lib.kernels import cuda_steps as cs  # noqa: E402
+
+OUTDIR = Path(sys.argv[1])
+PARTS = sys.argv[2:] or ["check", "cands", "causal", "decode"]
+LOG = open(OUTDIR / "explore.jsonl", "a")
+gs.OUT = open(OUTDIR / "check.jsonl", "a")
+gs.RUN = "explore"
+gs.ENV = {}
+
+
+def rec(**kw):
+    LOG.write(json.dumps(kw, default=str) + "\n")
+    LOG.flush()
+    print(json.dumps(kw, default=str), flush=True)
+
+
+def T(Br, Bc, th, tx, pf=True, cap=0):
+    return cs.Tiling(Br=Br, Bc=Bc, threads=th, tx=tx, pad=4, prefetch=pf, max_regs=cap, vec=True)
+
+
+def time_one(pr, label, tiling=None, splits=1, step="tuned", causal=False, repeats=10):
+    import torch
+    try:
+        t0 = time.time()
+        p, call = pr.call(step, tiling=tiling, splits=splits, causal=causal)
+        call()
+        torch.cuda.synchronize()
+        comp = time.time() - t0
+        acc = gs.accuracy(pr, causal)
+        t, ts = gs.cuda_timer(call, repeats)
+        B, H, Nq, Nk, D = pr.shape
+        flops = 4 * B * H * Nq * Nk * D * (0.5 if causal and Nq == Nk else 1)
+        ex = gs.step_extra(p)
+        rec(label=label, shape=pr.shape, causal=causal, splits=p.splits, ms=t * 1e3, tflops=flops / t / 1e12,
+            ok=acc["ok"], err=acc["max_abs_err"], compile_s=round(comp, 1), regs=ex["resources"],
+            occ=ex.get("occupancy"), tiling=ex.get("tiling"), grid=p.griddim)
+        return t
+    except Exception as error:  # noqa: BLE001
+        rec(label=label, error=f"{type(error).__name__}: {str(error)[:400]}", tb=traceback.format_exc()[-800:])
+        return None
+
+
+def part_check():
+    steps = cs.STEPS
+    cs.STEPS = ("tiled_vec4", "tuned")
+    try:
+        gs.part_check(None)
+    finally:
+        cs.STEPS = steps
+
+
+CANDS = {
+    64: [(64, 64, 128, 8, True, 0), (128, 64, 256, 16, True, 0), (128, 64, 256, 8, True, 0)],
+    128: [(128, 64, 256, 16, True, 0), (128, 32, 256, 16, True, 0), (128, 64, 256, 16, True, 0)],
+}
+BEST = {}
+
+
+def part_cands():
+    import torch
+    for D in (64, 128):
+        pr = gs.Problem(4, 16, 4096, 4096, D, seed=D)
+        t = gs.cuda_timer(lambda: gs.naive_torch(pr.q, pr.k, pr.v, False), 10)[0]
+        rec(label="torch_naive", D=D, ms=t * 1e3, tflops=4 * 64 * 4096 * 4096 * D / t / 1e12)
+        times = []
+        for c in CANDS[D]:
+            times.append((time_one(pr, f"vec{c}", tiling=T(*c)) or 1e9, c))
+        BEST[D] = T(*min(times)[1])
+        del pr
+        torch.cuda.empty_cache()
+
+
+def part_causal():
+    import torch
+    best = {64: BEST.get(64, T(64, 64, 256, 16, True, 128)), 128: BEST.get(128, T(64, 32, 256, 16, True, 128))}
+    for D in (64, 128):
+        for causal in (False, True):
+            pr = gs.Problem(2, 16, 8192, 8192, D, seed=D)
+            time_one(pr, f"causal8192 {best[D]}", tiling=best[D], causal=causal)
+            del pr
+            torch.cuda.empty_cache()
+
+
+def part_decode():
+    import torch
+    for D in (64, 128):
+        pr = gs.Problem(8, 16, 1, 32768, D, seed=7)
+        for Bc in (32,):
+            for th, tx in ((32, 32),):
+                til = cs.Tiling(Br=1, Bc=Bc, threads=th, tx=tx, pad=4, prefetch=False, vec=True)
+                for splits in (1, 8, 16, 32, 64):
+                    time_one(pr, f"decode Bc={Bc} th={th}", tiling=til, splits=splits)
+        del pr
+        torch.cuda.empty_cache()
+
+
+for part in PARTS:
+    t0 = time.time()
+    try:
+        globals()[f"part_{part}"]()
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+    print(f"== {part} {time.time() - t0:.1f}s", flush=True)
