@@ -27,31 +27,53 @@ step               what changed, and why it should pay
 ``tiled_prefetch`` the next K / V tile is loaded from global memory into registers
                    while the current one is computed, and stored to shared memory
                    after it: the load latency hides behind arithmetic.
-``tuned``          ``tiled_prefetch`` with the tile sizes and threads per block picked
-                   per head dim by ``autotune`` (the choice is recorded).
+``tiled_vec4``     the micro-tiles rebuilt so that one shared load feeds many FMAs: every
+                   operand read 4 floats at a time (``ld.shared.v4.f32``: rows padded to
+                   multiples of 4 floats, a 16-byte-aligned buffer, constant-unrolled
+                   unsigned indices), output dims owned in chunks of 4, row max and sum
+                   by warp shuffles, P in its own buffer, the mask only on the tiles that
+                   need one, and the grid run from the last query tile to the first (under
+                   a causal mask the longest rows start first).  K / V still loaded and
+                   stored element by element.
+``tiled_staged``   ``tiled_vec4`` with every K / V load of a tile issued into registers
+                   before the first is stored, a tile ahead (the loads of tile n + 1 in
+                   flight while tile n is computed), at flat offsets (constants folded into
+                   the load instructions).  ``tiled_vec4`` left the batching to the compiler,
+                   which at D=128 unrolled its load loops only 8 deep (8 trips to memory per
+                   tile, PTX), with the SM's one block waiting at each.
+``tuned``          ``tiled_staged`` with the tile sizes and threads per block picked per
+                   head dim by ``autotune`` (the choice is recorded).
 =================  ======================================================================
 
 Measured on an NVIDIA H200, one run (notebooks/records/gpu_steps.jsonl, run
-20261201T113443+0000), B*H = 64, N = 4096, float32, TFLOP/s (naive torch fp32 22.4 / 32.2,
-SDPA efficient 34.3 / 45.7 in the same run):
+20261201T142142+0000), B*H = 64, N = 4096, float32, TFLOP/s (naive torch fp32 22.6 / 31.8,
+SDPA efficient 35.1 / 45.1 in the same run):
 
     step              D=64   D=128        step              D=64   D=128
-    row               16.4    8.9         tiled_padded      11.1   10.8
-    row_exp2          16.7    9.0         tiled_prefetch    13.5   10.6
-    tiled              6.4    5.3         tuned             16.9   14.6
-    tiled_unsigned     7.5    7.0
+    row               16.2    8.9         tiled_prefetch    13.6   10.5
+    row_exp2          16.6    9.0         tiled_vec4        25.6   13.9
+    tiled              6.4    5.3         tiled_staged      30.4   33.6
+    tiled_unsigned     7.5    7.0         tuned             30.6   33.6
+    tiled_padded      11.2   10.8
+
+``tuned`` is 1.36x (D=64) and 1.06x (D=128) naive torch, 0.87x and 0.74x SDPA efficient;
+causal at N = 8192 runs 1.98x / 1.99x faster than non-causal; decode split-KV (splits
+from ``decode_splits``) 5.4x / 4.7x faster than one block per row, still far slower than
+naive torch's matrix-vector products there (chapter 10, section 9).
 
 Causal (and window) tile skipping is the host's, as in chapters 08 and 09:
 ``launch.prepare`` classifies the tiles, and here each query tile gets the
 list of the key tiles it visits, so a skipped tile costs nothing, not even a
 branch.  Split-KV (decode): ``splits > 1`` cuts each query tile's list of key
 tiles into that many pieces, one block each, writing a partial (out, lse);
-``merge_kernel`` combines them with the logsumexp rule of chapter 04.
+``merge_kernel`` combines them with the logsumexp rule of chapter 04;
+``decode_splits`` picks the number: the fewest that give two full waves of
+resident blocks.
 
 Shared memory is one dynamic buffer (``cuda.shared.array(0, float32)``) cut
-into Qs, Ks (which P reuses once S is done), Vs and a small reduction area, so
-that a block may use more than the 48 KB a static array is allowed; above 48 KB
-the driver must be told (``allow_shared``).  The scalar rules (mask, softcap,
+into Qs, Ks (which P reuses once S is done; tiled_vec4 gives P its own rows), Vs
+and a small reduction area, so that a block may use more than the 48 KB a static
+array is allowed; above 48 KB the driver must be told (``allow_shared``).  The scalar rules (mask, softcap,
 ALiBi distance, the online-softmax step in base 2, finalize) are
 ``course_lib.rules``, compiled as device functions.
 
@@ -502,7 +524,8 @@ def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
         # tiled_staged: K and V go through registers, every load of a tile issued before the first
         # of them is needed (one trip to memory per tile, not one per element), tile n + 1's loads
         # in flight while tile n is computed; iteration first - 1 only issues the first tile's.
-        # tiled_vec4 (STAGED False) loads each element and stores it before it loads the next.
+        # tiled_vec4 (STAGED False) loads and stores the tile element by element at the top of the
+        # iteration, nothing ahead, and leaves it to the compiler to batch the loads.
         for n in range(first - 1, last):
             if n >= first:
                 cuda.syncthreads()            # nobody reads the last tile's Ks, Vs, Ps any more
