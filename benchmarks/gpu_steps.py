@@ -19,11 +19,16 @@ Parts, in the order they run:
   the tuned kernel's output checked against float64 SDPA at each shape;
 - ``causal``: the tuned kernel causal vs not at N = 8192;
 - ``decode``: Nq = 1, Nk = 32K, B = 8, H = 16: one block per (b, h) against
-  split-KV with its lse merge, beside SDPA;
+  split-KV with its lse merge (splits swept, and ``cs.decode_splits``'s choice
+  recorded as ``gpu_steps_decode_rule``), beside SDPA;
 - ``layers``: kernel time vs the host's cost of a launch vs end to end from
   numpy, N from 64 to 4096 at B*H = 64, beside torch's kernels;
 - ``masks``: one shape, the mask varied (none, causal, window, softcap, ALiBi),
-  and SDPA given a causal mask as a tensor instead of ``is_causal``.
+  and SDPA given a causal mask as a tensor instead of ``is_causal``;
+- ``sanitize`` (not in the default list): small launches for compute-sanitizer,
+  run by ``benchmarks/gpu_sanitize.py``.
+
+The committed records were made with ``--sizes 1024 4096 16384``.
 
 TF32 is off for the fp32 torch peers: every fp32 number is on the SIMT cores.
 """
