@@ -59,3 +59,11 @@ def test_every_lecture_applies_the_style_in_its_setup_cell(path):
     nb = json.loads(path.read_text())
     setup = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "figstyle.use()" in setup, f"{path.name}: its first code cell should call figstyle.use()"
+
+
+def test_a_stored_widget_figure_is_shown_at_its_figsize_like_the_lectures():
+    box = widgets.tile_size_explorer()
+    data, metadata = box._repr_mimebundle_()
+    width, _ = figstyle.png_size(box.image.value)
+    assert "image/png" in data
+    assert metadata["image/png"]["width"] == round(width * figstyle.SHOWN_DPI / figstyle.PNG_DPI)
