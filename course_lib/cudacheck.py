@@ -93,6 +93,7 @@ class Report:
     findings: list = field(default_factory=list)
     intervals: int = 0          # barrier intervals run, summed over blocks
     traffic: dict = field(default_factory=dict)  # {"global reads": n, "global writes": n, "shared reads": ...}
+    global_reads: dict = field(default_factory=dict)  # reads of each global array, by argument name: {"k": n, ...}
 
     @property
     def ok(self) -> bool:
@@ -692,8 +693,9 @@ class _Launch:
             for what, n in (("reads", mem.n_reads), ("writes", mem.n_writes)):
                 key = f"{mem.space} {what}"
                 traffic[key] = traffic.get(key, 0) + n
+        by_array = {mem.name: mem.n_reads for mem in self.memories if mem.space == "global"}
         return Report(self.fn_name, self.griddim[:self.gridnd], self.blockdim[:self.blocknd],
-                      self.findings, self.intervals, traffic)
+                      self.findings, self.intervals, traffic, by_array)
 
     def _run_block(self, linear, blockIdx):
         self.block_linear, self.shared = linear, {}

@@ -497,8 +497,12 @@ STABLE_WITHIN = 0.05  # the three fastest runs agree this closely before a figur
 MAX_RUNS = 40
 
 
-def _best_time(fn, repeats: int, *, max_runs: int = MAX_RUNS) -> tuple:
+def best_time(fn, repeats: int = 3, *, max_runs: int = MAX_RUNS) -> tuple:
     """(best seconds, runs): repeat until the ``repeats`` fastest runs agree within 5%, or ``max_runs``.
+
+    The one timer behind ``measure_this_machine`` and chapter 02's timing of
+    naive attention, so both say how many runs they took and neither keeps
+    a figure before it settles.
 
     On a busy machine one run can be ten times slower than the next (two shared
     cores read 12.9 GFLOP/s once and 200 the run after), so a fixed best-of-3
@@ -512,6 +516,13 @@ def _best_time(fn, repeats: int, *, max_runs: int = MAX_RUNS) -> tuple:
         fn()
         times.append(time.perf_counter() - t0)
     return max(min(times), 1e-9), len(times)
+
+
+def settled(runs: int, repeats: int = 3, max_runs: int = MAX_RUNS) -> str:
+    """How a ``best_time`` figure came about, in words: the runs it took, and whether they agreed."""
+    if runs >= max_runs:
+        return f"{runs} runs, never settled within {max_runs} (the machine is busy): measure again"
+    return f"{runs} runs, until the {repeats} fastest agreed within {STABLE_WITHIN:.0%}"
 
 
 def _spread(times, k) -> float:
@@ -546,7 +557,7 @@ def measure_this_machine(*, copy_mib: int = 64, matmul_n: int = 512, exp_n: int 
     runs = {}
     src = np.ones(copy_mib * MiB // 8)
     dst = np.empty_like(src)
-    seconds, runs["copy"] = _best_time(lambda: np.copyto(dst, src), repeats)
+    seconds, runs["copy"] = best_time(lambda: np.copyto(dst, src), repeats)
     bandwidth = 2 * src.nbytes / seconds
     flops = {}
     for dtype in (np.float32, np.float64):
@@ -554,11 +565,11 @@ def measure_this_machine(*, copy_mib: int = 64, matmul_n: int = 512, exp_n: int 
         b = rng.standard_normal((matmul_n, matmul_n)).astype(dtype)
         out = np.empty_like(a)
         name = np.dtype(dtype).name
-        seconds, runs[f"matmul {name}"] = _best_time(lambda: np.matmul(a, b, out=out), repeats)
+        seconds, runs[f"matmul {name}"] = best_time(lambda: np.matmul(a, b, out=out), repeats)
         flops[name] = 2 * matmul_n ** 3 / seconds
     x = rng.standard_normal(exp_n).astype(np.float32)
     y = np.empty_like(x)
-    seconds, runs["exp"] = _best_time(lambda: np.exp(x, out=y), repeats)
+    seconds, runs["exp"] = best_time(lambda: np.exp(x, out=y), repeats)
     exp_per_s = exp_n / seconds
     try:
         threads = len(os.sched_getaffinity(0))

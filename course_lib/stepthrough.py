@@ -11,7 +11,6 @@ slider over the same figure.
 """
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
+from . import figstyle
 from .online_softmax import finalize, init_state, online_update, safe_softmax
 from .reference import safe_max
 
@@ -150,11 +150,7 @@ def draw_step(trace: Trace, step: int, fig=None):
 
 
 def _png(fig) -> bytes:
-    from .widgets import PNG_DPI
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=PNG_DPI)
-    return buf.getvalue()
+    return figstyle.png_bytes(fig)
 
 
 def stepthrough_widget(trace: Trace | None = None, start: int = 1):
@@ -179,7 +175,8 @@ def stepthrough_widget(trace: Trace | None = None, start: int = 1):
     box.slider, box.image, box.trace = slider, image, trace
 
     def redraw(change=None):
-        box.figure = draw_step(trace, slider.value, fig=Figure(figsize=(11, 6.2)))  # not tracked by pyplot
+        with figstyle.context():
+            box.figure = draw_step(trace, slider.value, fig=Figure(figsize=(11, 6.2)))  # not tracked by pyplot
         image.value = _png(box.figure)
 
     slider.observe(redraw, names="value")

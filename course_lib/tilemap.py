@@ -98,12 +98,12 @@ def tile_map_explorer(seqlen_q=48, seqlen_k=64, block_q=16, block_k=16):
     ``.counts`` the TileCounts of the map on display (tests drive both).
     """
     import html
-    import io
 
     import ipywidgets as W
     from matplotlib.figure import Figure
 
-    from .widgets import PNG_DPI, figure_box_class, figure_image
+    from . import figstyle
+    from .widgets import figure_box_class, figure_image
 
     slider = dict(continuous_update=False)  # redraw on release, not on every pixel of a drag
     controls = dict(
@@ -130,12 +130,11 @@ def tile_map_explorer(seqlen_q=48, seqlen_k=64, block_q=16, block_k=16):
         window = (v.pop("left"), v.pop("right"))
         mask = MaskSpec(v["seqlen_q"], v["seqlen_k"], v["causal"], v["causal_align"], window)
         box.counts = tile_counts(mask, v["block_q"], v["block_k"])
-        fig = Figure(figsize=(6.5, 5.2))  # not tracked by pyplot
-        plot_tile_map(**v, window_size=window, ax=fig.subplots())
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=PNG_DPI)
-        image.value = buf.getvalue()  # the figure first, so that a changed summary means both are new
+        with figstyle.context():
+            fig = Figure(figsize=(6.5, 5.2))  # not tracked by pyplot
+            plot_tile_map(**v, window_size=window, ax=fig.subplots())
+            fig.tight_layout()
+            image.value = figstyle.png_bytes(fig)  # the figure first, so that a changed summary means both are new
         summary.value = f"<pre style='line-height:1.25'>{html.escape(str(box.counts))}</pre>"
 
     for c in controls.values():

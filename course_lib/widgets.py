@@ -22,13 +22,12 @@ import base64
 import contextlib
 import functools
 import html
-import io
 from dataclasses import dataclass
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 
-from . import checks, counted, iomodel, roofline, sram
+from . import checks, counted, figstyle, iomodel, roofline, sram
 
 POWERS_OF_TWO_TILES = (16, 32, 64, 128, 256)
 HEAD_DIMS = (32, 64, 128, 256)
@@ -50,19 +49,18 @@ def _import_widgets():
     return ipywidgets
 
 
-PNG_DPI = 160  # the figure is drawn at 1.6x the pixels it is shown at: sharp on a high-DPI screen
-SHOWN_DPI = 100  # CSS pixels per inch of figsize in the notebook
+PNG_DPI = figstyle.PNG_DPI  # the figure is drawn at 1.6x the pixels it is shown at: sharp on a high-DPI screen
+SHOWN_DPI = figstyle.SHOWN_DPI  # CSS pixels per inch of figsize in the notebook
 
 
 def _png(draw, result, figsize) -> bytes:
-    """Draw on a figure that pyplot does not track (no stray inline copies) and return PNG bytes."""
+    """Draw on a figure that pyplot does not track (no stray inline copies), in the course's style; PNG bytes."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=figsize)
-    draw(fig, result)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=PNG_DPI)
-    return buf.getvalue()
+    with figstyle.context():
+        fig = Figure(figsize=figsize)
+        draw(fig, result)
+        return figstyle.png_bytes(fig)
 
 
 def figure_image(widgets, figsize):
@@ -93,11 +91,15 @@ def figure_box_class():
         def _repr_mimebundle_(self, **kwargs):
             data = super()._repr_mimebundle_(**kwargs) or {}
             png = getattr(getattr(self, "image", None), "value", b"")
+            metadata = {}
             if png:
                 data["image/png"] = base64.b64encode(png).decode("ascii")
+                width, height = figstyle.png_size(png)   # shown at its figsize, as the lecture's figures
+                metadata["image/png"] = {"width": round(width * SHOWN_DPI / PNG_DPI),
+                                         "height": round(height * SHOWN_DPI / PNG_DPI)}
             data["text/plain"] = (f"<{self.description}: run this cell in JupyterLab to move its controls; "
                                   "the image is the figure for the values it was run with>")
-            return data
+            return (data, metadata) if metadata else data
 
     return FigureBox
 

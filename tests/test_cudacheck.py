@@ -391,3 +391,17 @@ def test_a_bug_that_showed_on_the_gpu_in_one_run_only_says_so():
     assert "| `reverse_no_barrier` (" in comparison_table()
     row = next(line for line in comparison_table().splitlines() if line.startswith("| `reverse_no_barrier`"))
     assert row.endswith("| wrong in 1 of 2 runs |")
+
+
+def test_the_report_counts_global_reads_array_by_array():
+    """Set 09's 9.8 measures what shared memory saves from these counts: they must be exact, per argument."""
+    def gather(x, idx, out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = x[idx[i]] + x[idx[i]]
+
+    x, idx, out = np.arange(10, dtype=np.float32), np.array([3, 1, 4, 1, 5], dtype=np.int64), np.zeros(5, np.float32)
+    report = cudacheck.check(gather, 1, 8, x, idx, out)
+    assert report.ok
+    assert report.global_reads == {"x": 10, "idx": 10, "out": 0}
+    assert report.traffic["global reads"] == sum(report.global_reads.values())

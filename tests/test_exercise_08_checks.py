@@ -52,6 +52,12 @@ WRONG = {
     "8.6": [("if kind == 0:", "if kind == -1:"),                                 # never skips
             ("if kind == 1 and (", "if ("),                                      # re-derives the mask itself
             ("if kind == 1 and (", "if kind == -1 and (")],                      # never masks
+    "8.7": [("return shared + state + max(inner, epilogue)", "return shared"),           # a GPU's view: only "shared" counts
+            ("2 * 2 * bc * d", "2 * bc * d"),                                             # double buffering forgotten
+            ("key=lambda t: (npu_traffic(t[0]), npu_footprint(*t))", "key=lambda t: npu_footprint(*t)"),  # smallest, not cheapest
+            ("return shared + state + max(inner, epilogue)", "return shared + state + inner + epilogue"),  # the epilogue counted alongside
+            (" + 4 * n   # Q;", "   # Q;"),                                                  # lse forgotten in the traffic
+            ("npu_dram_bytes = npu_traffic(npu_tile[0])", "npu_dram_bytes = npu_traffic(npu_tile[1])")],  # Bc taken for Br
 }
 CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
 

@@ -42,8 +42,11 @@ def setup_namespace():
     return namespace
 
 
+BEFORE = {"9.8": ["s09-28"]}  # the two kernels of chapter 09 that 9.8's check measures
+
+
 def run(exercise, edit=None):
-    solution().run(dict(setup_namespace()), exercise, edit)
+    solution().run(dict(setup_namespace()), exercise, edit, before=BEFORE.get(exercise, ()))
 
 
 # (exercise, (old, new), True when cudacheck must be the one to fail it)
@@ -87,6 +90,10 @@ WRONG = {
               "if row < M and k + tx < K:\n            As[ty, tx] = A[row, k + tx]"), False),  # no zeros past the edge
             (("    if row < M and col < N:                    # guard the store, not the barriers\n        C[row, col] = acc",
               "    C[row, col] = acc"), True)],                                       # the store unguarded
+    "9.8": [(("k_reads_rows = 40 * 24 * 8 ", "k_reads_rows = 48 * 24 * 8 "), False),          # counts the threads past row 40
+            (("k_reads_tiled = 3 * 24 * 8 ", "k_reads_tiled = 40 * 24 * 8 // 16 "), False),  # Br times fewer, the tail forgotten
+            (("k_reads_tiled = 3 * 24 * 8 ", "k_reads_tiled = 24 * 8 "), False),            # K read once in all
+            (("q_reads_tiled = 40 * 24 * 8 ", "q_reads_tiled = 40 * 8 "), False)],          # q read once per row
 }
 CASES = [(exercise, edit, by_cudacheck) for exercise, edits in WRONG.items() for edit, by_cudacheck in edits]
 

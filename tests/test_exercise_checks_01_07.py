@@ -18,6 +18,8 @@ SETS = {"1": "01_naive_attention", "2": "02_roofline", "3": "03_tiling_and_sram"
         "5": "05_flash_forward", "6": "06_masks", "7": "07_tails_varlen_bad_input"}
 SETUP = {"6": "s06-02"}  # the set's course cell with the imports; "setup" elsewhere
 BEFORE = {"3.7": ["ex3-1-answer", "ex3-2-answer", "ex3-4-answer"],  # the design uses the learner's own counts
+          "1.4": ["ex1-1-answer", "ex1-2-answer", "ex1-3-answer"],  # gqa_attention builds on naive_attention
+          "5.2": ["ex5-1-answer"], "5.4": ["ex5-3-answer"],        # 5.2 calls 5.1's query_tile, 5.4 5.3's fa1_step
           "5.7": ["ex5-6-answer"]}
 
 L4_TILE = "l4_tile = min(fitting, key=lambda t: (fa2_hbm_bytes(8192, 8192, 128, 2, t[0]), tile_shared_bytes(*t, 128, 2)))"
@@ -27,6 +29,8 @@ CAP_THEN_MASK = ("    if softcap > 0:\n        s = softcap * np.tanh(s / softcap
                  "(tanh(-inf) is -1: a hidden key came back)\n    s = np.where(visible, s, -np.inf)")
 
 WRONG = {
+    "1.4": [("k = np.repeat(k, group, axis=1)  # (B, H, Nk, D): K/V head h // group for query head h\n    v = np.repeat(v, group, axis=1)",
+             "k = np.tile(k, (1, group, 1, 1))  # interleaved: query head h reads K/V head h % Hk\n    v = np.tile(v, (1, group, 1, 1))")],
     "1.7": [("predicted_peak_bytes = 3 *", "predicted_peak_bytes = 1 *"),      # S alone
             ("score_sized_arrays = 3", "score_sized_arrays = 1")],
     "1.8": [("scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / math.sqrt(v.shape[-1])"),  # the bug itself
@@ -51,6 +55,22 @@ WRONG = {
             ("bfloat16_exp_limit = math.log(3.39e38)", "bfloat16_exp_limit = math.log(65504)")],
     "4.8": [("O = alpha[:, None] * O + p @ v[j:j + Bc]", "O = O + p @ v[j:j + Bc]"),  # the bug itself
             ("l = alpha * l + p.sum(axis=-1)", "l = l + p.sum(axis=-1)")],
+    "5.1": [("Oi = np.exp(lse_i - lse_new)[:, None] * Oi + ", "Oi = Oi + "),         # the old keys keep their weight
+            ("lse_new = np.logaddexp(lse_i, lse_tile)", "lse_new = np.maximum(lse_i, lse_tile)"),  # a max is not a sum
+            ("lse_tile, O_tile = m[:, 0] + np.log(l[:, 0]), P @ v[j0:j1] / l",
+             "lse_tile, O_tile = m[:, 0] + np.log(l[:, 0]), P @ v[j0:j1]"),            # the tile's output not normalised
+            ("lse_new = np.logaddexp(lse_i, lse_tile)",
+             "lse_new = np.log(np.exp(lse_i) + np.exp(lse_tile))"),                   # overflows at scores of 800
+            ("for j0 in range(0, Nk, Bc):\n        j1 = min(j0 + Bc, Nk)",
+             "for j0 in range(0, Nk, max(1, Nk)):\n        j1 = Nk")],                    # all the keys as one tile
+    "5.2": [("k[b, h // group], v[b, h // group]", "k[b, h % k.shape[1]], v[b, h % k.shape[1]]")],  # heads interleaved
+    "5.3": [("old_weight = 1.5 * math.exp(2 - 3) / new_l", "old_weight = math.exp(2 - 3)"),  # FA2's alpha: forgot l
+            ("old_weight = 1.5 * math.exp(2 - 3) / new_l", "old_weight = 1.5 * math.exp(2 - 3)"),  # not divided again
+            ("new_l = 1.5 * math.exp(2 - 3) + 2 * math.exp(3 - 3)", "new_l = 1.5 + 2"),   # sums with different maxima
+            ("Oi_new = ((a * li)[:, None] * Oi + b[:, None] * (Pij @ Vj)) / li_new[:, None]",
+             "Oi_new = (a[:, None] * Oi + b[:, None] * (Pij @ Vj)) / li_new[:, None]")],   # old O not un-divided
+    "5.4": [("li = np.ones(rows.stop - rows.start)", "li = np.zeros(rows.stop - rows.start)"),  # the old keys dropped
+            ("O[b, h, rows], lse[b, h, rows] = Oi, mi + np.log(li)", "O[b, h, rows], lse[b, h, rows] = Oi, mi")],  # lse is not m
     "5.7": [("predicted_ratio = fa2_hbm_bytes(1, 1, 1024, 1024, 128, 128, 32, 8) / naive_bytes", "predicted_ratio = 0.5"),
             ("4 * 1024 * 1024) * 8", "2 * 1024 * 1024) * 8"),                  # P forgotten in naive's count
             ("br, 8) < naive_bytes)", "br, 8) > naive_bytes)")],

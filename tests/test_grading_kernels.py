@@ -93,7 +93,9 @@ def test_each_planted_kernel_fails_with_its_reason_and_costs_only_its_exercise(g
 # -- the kernel language --------------------------------------------------------------------
 
 def test_every_kernel_of_the_solution_is_in_the_kernel_language():
-    for name, source in _answers().items():
+    kernel_answers = {name: source for name, source in _answers().items() if "@cuda.jit" in source}
+    assert len(kernel_answers) >= 7  # 9.8's answer is plain numbers, a prediction
+    for name, source in kernel_answers.items():
         found = kernels.extract(source)
         assert found.names and not any(found.problems.values()), (name, found.problems)
 

@@ -155,7 +155,7 @@ def test_a_timing_repeats_until_its_fastest_runs_agree(monkeypatch):
     """A noisy first few runs (a busy neighbour) are timed again until the fastest three agree."""
     clock = iter([0, 10,  10, 11,  11, 15,  15, 16,  16, 17,  17, 18] + list(range(100, 200)))
     monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(clock))
-    best, runs = roofline._best_time(lambda: None, 3)
+    best, runs = roofline.best_time(lambda: None, 3)
     assert (best, runs) == (1, 5)  # durations 10, 1, 4, 1, 1: stable once three runs of 1 are in
 
 
@@ -170,7 +170,7 @@ def test_a_timing_that_never_settles_stops_and_says_so(monkeypatch):
         return state["t"]
 
     monkeypatch.setattr(roofline.time, "perf_counter", clock)
-    best, runs = roofline._best_time(lambda: None, 3, max_runs=12)
+    best, runs = roofline.best_time(lambda: None, 3, max_runs=12)
     assert runs == 12 and best == 1
     m = fake_measurement(runs={"copy": roofline.MAX_RUNS, "exp": 3})
     assert "never settled" in m.summary()
@@ -194,3 +194,8 @@ def test_plot_roofline_draws_one_roof_per_machine_and_every_point():
     assert any("measured" in lab for lab in labels)
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     matplotlib.pyplot.close(fig)
+
+
+def test_settled_says_how_many_runs_and_whether_they_agreed():
+    assert roofline.settled(5) == "5 runs, until the 3 fastest agreed within 5%"
+    assert "never settled" in roofline.settled(roofline.MAX_RUNS)
