@@ -22,6 +22,7 @@ import base64
 import contextlib
 import functools
 import html
+import math
 from dataclasses import dataclass
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
@@ -390,6 +391,15 @@ def roofline_numbers(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float
                           lv, hbm)
 
 
+def _room_above(level, levels):
+    """How many times ``level`` fits before the next of ``levels`` above it (a line within 5% is its own)."""
+    return min((other / level for other in levels if other > 1.05 * level), default=math.inf)
+
+
+def _room_below(level, levels):
+    return min((level / other for other in levels if other < level / 1.05), default=math.inf)
+
+
 def _draw_roofline(fig, r: RooflineResult):
     ax = fig.subplots()
     hw = roofline.hardware(r.hardware)
@@ -408,14 +418,22 @@ def _draw_roofline(fig, r: RooflineResult):
                                label=f"{name}, compulsory HBM bytes (K/V in L2): the true bound"))
     roofline.draw_roofline(ax, [hw, r.measurement], points, dtype=r.dtype, intensity_range=(0.5, 3e3))
     exp_roof = r.measurement.exp_per_s * r.traffic["fa2"].flops / r.traffic["fa2"].exps
-    ax.axhline(exp_roof, color="#555555", ls=":", lw=1.2)
-    # the two exp roofs are labelled at opposite ends of their lines: close roofs never print on each other
-    ax.text(0.6, exp_roof * 1.15, "this machine's exp roof (numpy exp x FLOP per exp)", fontsize=8)
+    ax.axhline(exp_roof, color="#555555", ls=":", lw=1.2, label="this machine's exp roof: numpy exp/s x FLOP per exp")
+    # Both exp roofs are labelled at the left end of their lines, where the memory slope keeps every
+    # point far below them (at the right end, points sit on the compute roof, often at the same height).
+    # Each label goes on the side of its line with more room before the next level line: the other
+    # exp roof or a compute roof (this machine's measured roof may sit just above its exp roof).
+    labels = [(exp_roof, "this machine's exp roof", "#555555")]  # short: clear of this machine's slope
+    levels = [exp_roof, r.measurement.as_hardware().peak("float32"), hw.peak(hw.rate_dtype(r.dtype))]
     if hw.exp_per_s is not None:
         hw_exp = float(hw.exp_per_s) * r.traffic["fa2"].flops / r.traffic["fa2"].exps
         ax.axhline(hw_exp, color="#1f77b4", ls=":", lw=1.2)
-        ax.text(2.8e3, hw_exp * (1.15 if hw_exp >= exp_roof else 0.72), f"{hw.name} exp roof ({hw.exp_per_s.kind})",
-                fontsize=8, ha="right", color="#1f77b4")
+        labels.append((hw_exp, f"{hw.name} exp roof ({hw.exp_per_s.kind})", "#1f77b4"))
+        levels.append(hw_exp)
+    for roof, text, colour in labels:
+        below = _room_below(roof, levels) > _room_above(roof, levels) and _room_above(roof, levels) < 4
+        ax.text(0.6, roof * (0.8 if below else 1.15), text, fontsize=8, color=colour,
+                va="top" if below else "bottom")
     ax.set_title(f"Attention on the roofline: N={r.seqlen}, D={r.head_dim}, {r.dtype}"
                  f"{', causal' if r.causal else ''}", fontsize=11)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8, frameon=False)  # below: hides no point
