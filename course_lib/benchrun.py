@@ -267,8 +267,9 @@ def report(records, baseline=("torch_naive", "naive")) -> str:
     run_id = rows[-1]["run_id"]
     rows = [r for r in rows if r["run_id"] == run_id]
     key = lambda r: (r["bucket"], r["Nq"], r["Nk"], r["D"], r["causal"], r["dtype"])  # noqa: E731
-    base = {}   # the baseline of each shape: in float32 where it ran in float32
-    for r in sorted(rows, key=lambda r: r["dtype"] != "float32"):
+    base = {}   # the baseline of each shape: the first of ``baseline`` that ran, in float32 where it ran in float32
+    for r in sorted(rows, key=lambda r: (r["dtype"] != "float32", baseline.index(r["impl"]) if r["impl"] in baseline
+                                         else len(baseline))):
         if r["impl"] in baseline and r.get("median_ms"):
             base.setdefault(key(r)[:5], r)
     first = rows[0]
@@ -297,25 +298,44 @@ def roofline_points(records):
     return pts
 
 
-def plot_roofline(records, hw="h200", ax=None):
-    """The measured points of one run on ``hw``'s roofline (fp32 and fp16 ceilings, datasheet)."""
+PRESETS_BY_DEVICE = {"H200": "h200", "H100": "h100_sxm", "A100": "a100_80gb", "RTX 4090": "rtx_4090", "L4": "l4"}
+
+
+def preset_for(device) -> str | None:
+    """The course's hardware preset for a record's device name, or None (a CPU: no datasheet preset is it)."""
+    return next((key for name, key in PRESETS_BY_DEVICE.items() if name in str(device or "")), None)
+
+
+def plot_roofline(records, hw=None, ax=None):
+    """The measured points of one run, on the datasheet roofline (fp32 and fp16) of the machine that ran them.
+
+    ``hw`` defaults to the preset named by the records' device; a machine without one (any CPU) is drawn
+    without a roof, and the title says so, rather than against the roof of a machine it is not.
+    """
     import matplotlib.pyplot as plt
 
     from . import roofline
-    machine = roofline.hardware(hw)
+    device = next((r.get("device") for r in records if r.get("device")), None)
+    hw = hw or preset_for(device)
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))
     x = np.logspace(-1, 5, 200)
-    for dt, style in (("float32", "-"), ("float16", "--")):
-        ax.loglog(x, [machine.attainable(i, dt) / 1e12 for i in x], "k" + style, lw=1,
-                  label=f"{machine.name} roofline, {dt} (datasheet)")
+    if hw is None:
+        ax.set_title(f"{device}: no datasheet roofline in the course's presets, points only", fontsize=9)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    else:
+        machine = roofline.hardware(hw)
+        for dt, style in (("float32", "-"), ("float16", "--")):
+            ax.loglog(x, [machine.attainable(i, dt) / 1e12 for i in x], "k" + style, lw=1,
+                      label=f"{machine.name} roofline, {dt} (datasheet)")
     pts = roofline_points(records)
     for impl in sorted({p[2] for p in pts}):
         mine = [p for p in pts if p[2] == impl]
         ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=18, label=impl)
     ax.set_xlabel("FLOP per compulsory byte (Q, K, V read once, O written once)")
     ax.set_ylabel("TFLOP/s")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the axes: it hides no point
     return ax
 
 

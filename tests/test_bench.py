@@ -123,3 +123,19 @@ def test_the_committed_causal_skipping_records_are_complete():
         assert r["tflops"] == pytest.approx(bench.attention_flops(B, H, Nq, Nk, D, causal=r["causal"])
                                             / r["time_s"] / 1e12)
         assert {"cpu", "numpy", "numba", "date"} <= set(r["environment"])
+
+
+def test_the_committed_cpu_bench_run_has_every_bucket_for_every_cpu_impl_and_peer():
+    from course_lib import benchrun
+
+    path = bench.Path(__file__).resolve().parent.parent / "notebooks" / "records" / "bench_cpu.jsonl"
+    records = bench.load_records(path, benchmark="bench")
+    assert len({r["run_id"] for r in records}) == 1
+    impls = {r["impl"] for r in records}
+    assert set(benchrun.CPU_IMPLS) <= impls and "torch_naive" in impls
+    shapes = {(r["bucket"], r["Nq"], r["Nk"], r["D"], r["causal"], r["dtype"]) for r in records}
+    assert {s[0] for s in shapes} == {"prefill", "decode"} and {s[5] for s in shapes} == {"float32", "float16"}
+    assert len(records) == len(shapes) * len(impls)      # every impl in every bucket: a time or its reason
+    for r in records:
+        assert r["layer"] == "end to end" and r["device"] == r["environment"]["cpu"]
+        assert (r["median_ms"] is None) == ("skipped" in r), r

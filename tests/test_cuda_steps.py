@@ -160,6 +160,31 @@ def test_the_bench_cli_runs_the_cpu_impls_and_reports_ratios(tmp_path, capsys):
     assert "ratio" in table and "flash_numpy" in table
 
 
+def _bench_rec(impl, ms, dtype="float32", device="AMD EPYC"):
+    return bench.record(benchmark="bench", impl=impl, shape=(1, 2, 64, 64, 8), dtype=dtype, time_s=ms / 1e3,
+                        run="r1", env={"cpu": device}, layer="end to end", device=device, bucket="prefill")
+
+
+def test_the_report_takes_torch_naive_as_the_baseline_where_it_ran_and_naive_where_not():
+    # naive ran first in the run (as the CLI orders the impls); torch_naive is still the baseline
+    with_torch = [_bench_rec("naive", 40.0), _bench_rec("flash_numpy", 20.0), _bench_rec("torch_naive", 10.0)]
+    table = benchrun.report(with_torch)
+    assert "flash_numpy                20.000     0.00   0.50" in table
+    assert "naive                      40.000     0.00   0.25" in table
+    without = benchrun.report(with_torch[:2])
+    assert "flash_numpy                20.000     0.00   2.00" in without
+
+
+def test_the_roofline_plot_uses_the_records_own_machine_and_no_other_machines_roof():
+    import matplotlib
+    matplotlib.use("Agg")
+    assert benchrun.preset_for("NVIDIA H200") == "h200" and benchrun.preset_for("AMD EPYC") is None
+    cpu = benchrun.plot_roofline([_bench_rec("naive", 40.0)])
+    assert not cpu.lines and "no datasheet roofline" in cpu.get_title()
+    gpu = benchrun.plot_roofline([_bench_rec("torch_naive", 1.0, device="NVIDIA H200")])
+    assert any("H200" in line.get_label() for line in gpu.lines)
+
+
 def test_a_bucket_an_impl_cannot_take_is_recorded_with_its_reason():
     b = dict(kind="prefill", B=1, H=1, Nq=8, Nk=8, D=8, causal=False, dtype="float16")
     with pytest.raises(benchrun.NotApplicable, match="float32 only"):
