@@ -430,6 +430,23 @@ def make_tiled_kernel(tiling: Tiling, D: int, Dv: int):
     return tiled_forward_kernel
 
 
+def _tile_slot(NT, Bc, W):
+    """Where the u-th of thread t's loads falls when NT threads load a Bc x W tile: (row c, column,
+    whether it is inside the tile).  When the threads cover whole rows (NT % W == 0), thread t
+    always loads column ``col`` = t % W of rows ``row0`` + (NT // W) u, with ``row0`` = t // W (both
+    computed once, before the loops); otherwise it walks the flat tile."""
+    whole_rows, rows = NT % W == 0, max(1, NT // W)
+
+    @cuda.jit(device=True)
+    def slot(u, t, row0, col):
+        if whole_rows:
+            c = row0 + u * rows
+            return c, col, Bc % rows == 0 or c < Bc
+        x = t + u * NT
+        return x // W, x % W, x < Bc * W
+    return slot
+
+
 def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
     """tiled_vec4: the micro-tiled kernel rebuilt so that one shared-memory load feeds many FMAs.
 
@@ -462,9 +479,7 @@ def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
     U = uint64
     NK = -(-Bc * D4 // NT)           # K elements each thread loads per tile
     NV = -(-Bc * EP // NT)
-    # when the threads cover whole rows, thread t always loads column t % D4 of rows t // D4 + KROWS u
-    KDIV, VDIV = NT % D4 == 0, NT % EP == 0
-    KROWS, VROWS = max(1, NT // D4), max(1, NT // EP)
+    k_slot, v_slot = _tile_slot(NT, Bc, D4), _tile_slot(NT, Bc, EP)
     NEG_INF = float32(-math.inf)
     LN2 = float32(rules.LN2)
     ALL = 0xFFFFFFFF
@@ -530,15 +545,7 @@ def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
             if n >= first:
                 cuda.syncthreads()            # nobody reads the last tile's Ks, Vs, Ps any more
                 for u in range(NK):
-                    if KDIV:
-                        c = kc + u * KROWS
-                        d = kd
-                        ok = Bc % KROWS == 0 or c < Bc
-                    else:
-                        x = t + u * NT
-                        c = x // D4
-                        d = x % D4
-                        ok = x < Bc * D4
+                    c, d, ok = k_slot(u, t, kc, kd)
                     if ok:
                         if STAGED:
                             val = kreg[u]
@@ -548,15 +555,7 @@ def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
                                 val = k[U(b), U(kh), U(visit[tr, n] * Bc + c), U(d)]
                         sm[U(KS + c * DP + d)] = val
                 for u in range(NV):
-                    if VDIV:
-                        c = vc + u * VROWS
-                        e = ve
-                        ok = Bc % VROWS == 0 or c < Bc
-                    else:
-                        x = t + u * NT
-                        c = x // EP
-                        e = x % EP
-                        ok = x < Bc * EP
+                    c, e, ok = v_slot(u, t, vc, ve)
                     if ok:
                         if STAGED:
                             val = vreg[u]
@@ -574,15 +573,7 @@ def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
                 kflat = ((b * Hk + kh) * Nk + c1) * D
                 vflat = ((b * Hk + kh) * Nk + c1) * Dv
                 for u in range(NK):
-                    if KDIV:
-                        c = kc + u * KROWS
-                        d = kd
-                        ok = Bc % KROWS == 0 or c < Bc
-                    else:
-                        x = t + u * NT
-                        c = x // D4
-                        d = x % D4
-                        ok = x < Bc * D4
+                    c, d, ok = k_slot(u, t, kc, kd)
                     val = float32(0.0)
                     if ok and c1 + c < Nk and (D4 == D or d < D):
                         if SIM:                   # the simulator's arrays check their bounds
@@ -591,15 +582,7 @@ def make_vec_kernel(tiling: Tiling, D: int, Dv: int):
                             val = k[0, 0, 0, U(kflat + c * D + d)]
                     kreg[u] = val
                 for u in range(NV):
-                    if VDIV:
-                        c = vc + u * VROWS
-                        e = ve
-                        ok = Bc % VROWS == 0 or c < Bc
-                    else:
-                        x = t + u * NT
-                        c = x // EP
-                        e = x % EP
-                        ok = x < Bc * EP
+                    c, e, ok = v_slot(u, t, vc, ve)
                     val = float32(0.0)
                     if ok and c1 + c < Nk and (EP == Dv or e < Dv):
                         if SIM:
