@@ -15,6 +15,7 @@ starts runs the course's Python (``python -m course_lib.grade`` works there).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -148,8 +149,18 @@ REPORT = """() => {
 }"""
 
 
-def _browser(p):
-    return p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+@contextlib.contextmanager
+def _page():
+    """A fresh page (1500 x 1100) in Debian's Chromium, closed with its browser on the way out; skips the
+    test where playwright is missing."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="real-browser test skipped: playwright missing")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page(viewport={"width": 1500, "height": 1100})
+        finally:
+            browser.close()
 
 
 def _open(page, url, path):
@@ -195,48 +206,42 @@ def _explore(lab, notebook, explorer_class, first_text, move, expected_text, sho
     fails if opening marks the notebook modified, a cell errs, a widget does not
     render, the explorer never appears or its output does not change.
     """
-    sync_api = pytest.importorskip("playwright.sync_api", reason="real-browser test skipped: playwright missing")
     url, _, log = lab
     committed = (REPO / "notebooks" / notebook).read_bytes()
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        browser = _browser(p)
+    with _page() as page:
+        sync_api = pytest.importorskip("playwright.sync_api")  # for its TimeoutError
+        page.set_default_timeout(SLIDER_S * 1000)
+        assert _open(page, url, notebook) is False, f"opening {notebook} marked it modified"
+        _check_report(notebook, _run_all(page, notebook, log))
+
+        explorer = page.locator(f".{explorer_class}")
+        summary = explorer.locator(".explorer-summary")
+        figure = explorer.locator(".explorer-figure")
+        try:  # the explorer is there once Run All is done, and its summary once computed
+            summary.filter(has_text=first_text).wait_for(state="visible", timeout=SLIDER_S * 1000)
+        except sync_api.TimeoutError:
+            page.screenshot(path=str(ARTIFACTS / f"{shot}_timeout.png"), full_page=True)
+            pytest.fail(f"{explorer_class} did not appear; screenshot in test-artifacts/\n{_log_tail(log)}")
+        # JupyterLab skips rendering cells far from the viewport (content-visibility): bring it into view
+        # and wait until the page really shows the summary before reading it
+        explorer.scroll_into_view_if_needed()
+        page.wait_for_function("([selector, text]) => { const el = document.querySelector(selector);"
+                               " return el && el.innerText.includes(text); }",
+                               arg=[f".{explorer_class} .explorer-summary", first_text], timeout=SLIDER_S * 1000)
+        before, before_figure = summary.inner_text(), figure.get_attribute("src")
+        explorer.screenshot(path=str(ARTIFACTS / f"{shot}_before.png"))
+
+        move(page, explorer)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.set_default_timeout(SLIDER_S * 1000)
-            assert _open(page, url, notebook) is False, f"opening {notebook} marked it modified"
-            _check_report(notebook, _run_all(page, notebook, log))
-
-            explorer = page.locator(f".{explorer_class}")
-            summary = explorer.locator(".explorer-summary")
-            figure = explorer.locator(".explorer-figure")
-            try:  # the explorer is there once Run All is done, and its summary once computed
-                summary.filter(has_text=first_text).wait_for(state="visible", timeout=SLIDER_S * 1000)
-            except sync_api.TimeoutError:
-                page.screenshot(path=str(ARTIFACTS / f"{shot}_timeout.png"), full_page=True)
-                pytest.fail(f"{explorer_class} did not appear; screenshot in test-artifacts/\n{_log_tail(log)}")
-            # JupyterLab skips rendering cells far from the viewport (content-visibility): bring it into view
-            # and wait until the page really shows the summary before reading it
-            explorer.scroll_into_view_if_needed()
-            page.wait_for_function("([selector, text]) => { const el = document.querySelector(selector);"
-                                   " return el && el.innerText.includes(text); }",
-                                   arg=[f".{explorer_class} .explorer-summary", first_text], timeout=SLIDER_S * 1000)
-            before, before_figure = summary.inner_text(), figure.get_attribute("src")
-            explorer.screenshot(path=str(ARTIFACTS / f"{shot}_before.png"))
-
-            move(page, explorer)
-            try:
-                page.wait_for_function(
-                    "([selector, old, expected]) => { const el = document.querySelector(selector);"
-                    " return el && el.innerText !== old && el.innerText.includes(expected); }",
-                    arg=[f".{explorer_class} .explorer-summary", before, expected_text], timeout=SLIDER_S * 1000)
-            except sync_api.TimeoutError:
-                page.screenshot(path=str(ARTIFACTS / f"{shot}_no_change.png"), full_page=True)
-                pytest.fail(f"moving a control of {explorer_class} did not change its output within {SLIDER_S} s")
-            after, after_figure = summary.inner_text(), figure.get_attribute("src")
-            explorer.screenshot(path=str(ARTIFACTS / f"{shot}_after.png"))
-        finally:
-            browser.close()
+            page.wait_for_function(
+                "([selector, old, expected]) => { const el = document.querySelector(selector);"
+                " return el && el.innerText !== old && el.innerText.includes(expected); }",
+                arg=[f".{explorer_class} .explorer-summary", before, expected_text], timeout=SLIDER_S * 1000)
+        except sync_api.TimeoutError:
+            page.screenshot(path=str(ARTIFACTS / f"{shot}_no_change.png"), full_page=True)
+            pytest.fail(f"moving a control of {explorer_class} did not change its output within {SLIDER_S} s")
+        after, after_figure = summary.inner_text(), figure.get_attribute("src")
+        explorer.screenshot(path=str(ARTIFACTS / f"{shot}_after.png"))
     assert (REPO / "notebooks" / notebook).read_bytes() == committed  # the browser only ever saw a copy
     return before, after, before_figure, after_figure
 
@@ -246,50 +251,36 @@ EXPLORED = {"02_roofline.ipynb", "03_tiling_and_sram.ipynb", "06_masks.ipynb"}  
 
 @pytest.mark.parametrize("notebook", [n for n in LECTURES if n not in EXPLORED], ids=lambda n: n[:2])
 def test_a_lecture_opens_unmodified_and_runs_in_jupyterlab_without_errors(lab, notebook):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="real-browser test skipped: playwright missing")
     url, _, log = lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        browser = _browser(p)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            assert _open(page, url, notebook) is False, f"opening {notebook} marked it modified"
-            report = _run_all(page, notebook, log)
-            page.screenshot(path=str(ARTIFACTS / f"browser_{notebook[:2]}_after_run_all.png"))
-        finally:
-            browser.close()
+    with _page() as page:
+        assert _open(page, url, notebook) is False, f"opening {notebook} marked it modified"
+        report = _run_all(page, notebook, log)
+        page.screenshot(path=str(ARTIFACTS / f"browser_{notebook[:2]}_after_run_all.png"))
     _check_report(notebook, report)
 
 
 def test_a_stored_exercise_shows_no_pass_under_its_unsolved_stubs(lab):
     """A learner who opens a fresh exercise notebook must not see PASS before writing a line."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="real-browser test skipped: playwright missing")
     url, _, _ = lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        browser = _browser(p)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            assert _open(page, url, f"exercises/{EXERCISE}") is False, "opening the exercise marked it modified"
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=SERVER_START_S * 1000)
-            shown = page.evaluate("""() => {
-                const panel = window.jupyterapp.shell.currentWidget;
-                // The outputs the page renders under each answer (stub) and check cell, from the notebook's own
-                // model: JupyterLab does not lay out cells far from the viewport, so their innerText reads ''.
-                const texts = [];
-                panel.content.widgets.forEach(cell => {
-                    const tags = (cell.model.getMetadata && cell.model.getMetadata('tags')) || [];
-                    if (cell.model.type !== 'code' || !(tags.includes('check') || tags.includes('answer'))) return;
-                    texts.push(cell.model.outputs.toJSON().map(o => [].concat(o.text || [], o.evalue || [],
-                        (o.data && o.data['text/plain']) || []).join('')).join(' | '));
-                });
-                return {texts, cells: panel.content.widgets.length,
-                        stubs: panel.content.widgets.filter(c => c.model.type === 'code'
-                            && c.model.sharedModel.getSource().includes('raise NotImplementedError')).length};
-            }""")
-            page.screenshot(path=str(ARTIFACTS / "browser_exercise_01_opened.png"))
-        finally:
-            browser.close()
+    with _page() as page:
+        assert _open(page, url, f"exercises/{EXERCISE}") is False, "opening the exercise marked it modified"
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=SERVER_START_S * 1000)
+        shown = page.evaluate("""() => {
+            const panel = window.jupyterapp.shell.currentWidget;
+            // The outputs the page renders under each answer (stub) and check cell, from the notebook's own
+            // model: JupyterLab does not lay out cells far from the viewport, so their innerText reads ''.
+            const texts = [];
+            panel.content.widgets.forEach(cell => {
+                const tags = (cell.model.getMetadata && cell.model.getMetadata('tags')) || [];
+                if (cell.model.type !== 'code' || !(tags.includes('check') || tags.includes('answer'))) return;
+                texts.push(cell.model.outputs.toJSON().map(o => [].concat(o.text || [], o.evalue || [],
+                    (o.data && o.data['text/plain']) || []).join('')).join(' | '));
+            });
+            return {texts, cells: panel.content.widgets.length,
+                    stubs: panel.content.widgets.filter(c => c.model.type === 'code'
+                        && c.model.sharedModel.getSource().includes('raise NotImplementedError')).length};
+        }""")
+        page.screenshot(path=str(ARTIFACTS / "browser_exercise_01_opened.png"))
     assert shown["stubs"] >= 6 and shown["cells"] > shown["stubs"] and len(shown["texts"]) == 2 * shown["stubs"]
     assert not any("PASS" in text for text in shown["texts"]), [t for t in shown["texts"] if "PASS" in t]
 
