@@ -48,3 +48,16 @@ def test_a_widget_output_keeps_its_figure_and_loses_the_reference_it_cannot_rend
     strip_widget_views(nb)
     assert set(nb.cells[0].outputs[0].data) == {"image/png", "text/plain"}
     assert WIDGET_VIEW in nb.cells[0].outputs[1].data  # a widget without a figure is left as it was
+
+
+# What the developers read and the learner does not have: their guide's files and their issue tracker.
+NOT_THE_LEARNERS = re.compile(r"\b(?:shared/|GPU\.md|DESIGN\.md|STYLE\.md)|\bissue \d+\b")  # "issues 12 loads" is the verb
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_no_notebook_points_the_learner_at_a_file_or_an_issue_they_do_not_have(path):
+    nb = json.loads(path.read_text())
+    texts = [(cell["id"], "".join(cell["source"])) for cell in nb["cells"]]
+    texts += [(cell["id"], json.dumps(out)) for cell in nb["cells"] for out in cell.get("outputs", [])]
+    found = [(cell_id, m.group(0)) for cell_id, text in texts for m in NOT_THE_LEARNERS.finditer(text)]
+    assert found == []
