@@ -465,15 +465,39 @@ class Run:
                 self.stop_kernels()  # the next kernel check starts it again, with these defined too
         return None
 
+    def check_left(self):
+        """The seconds left to the check that is running; a Stop when there are none."""
+        left = min(self.deadline, self.end) - time.monotonic()
+        if left <= 0:
+            raise Stop("timeout", self.out_of_time(f"the check ran longer than {self.timeout:g} s"))
+        return left
+
+    @contextlib.contextmanager
+    def asking(self, what, where, stop):
+        """What can go wrong while a sandbox answers the check's request for ``what`` (``f(...)``, or
+        cudacheck on a kernel), as the check's outcome: the answer's own exception raised here, rebuilt;
+        a timeout, a dead process or a reply that is not plain data stops that sandbox (``stop``)."""
+        try:
+            yield
+        except sandbox.AnswerRaised as exc:
+            raise _rebuilt(exc.error) from None
+        except sandbox.Timeout:
+            stop()
+            raise Stop("timeout", self.out_of_time(f"{what} ran longer than the {self.timeout:g} s of its check")) from None
+        except (sandbox.Died, EOFError, OSError) as exc:
+            stop()
+            raise Stop("error", _died(exc, where)) from None
+        except wire.WireError as exc:
+            stop()  # the channel may be out of step: the next check gets a fresh sandbox
+            raise Stop("error", f"{what} returned {exc}") from None
+
     def check_kernel(self, name, griddim, blockdim, args):
         """``cudacheck.check`` of an answer's kernel, in the kernel sandbox; its Report, here."""
         from course_lib import cudacheck
 
-        left = min(self.deadline, self.end) - time.monotonic()
-        if left <= 0:
-            raise Stop("timeout", self.out_of_time(f"the check ran longer than {self.timeout:g} s"))
+        left = self.check_left()
         encoded = kernels.encode_args(args)
-        try:
+        with self.asking(f"cudacheck on {name}", "kernel", self.stop_kernels):
             if self.kernel_session is None:
                 self.kernel_session = sandbox.Session(self.limits, trusted=self.trusted, log_path=self.log.name,
                                                       kernels=True)
@@ -481,18 +505,6 @@ class Run:
                     if not any(found.problems.values()):  # only source that passed every rule is defined
                         self.kernel_session.define(found.source, found.names, timeout=left)
             reply = self.kernel_session.check_kernel(name, griddim, blockdim, encoded, timeout=left)
-        except sandbox.AnswerRaised as exc:
-            raise _rebuilt(exc.error) from None
-        except sandbox.Timeout:
-            self.stop_kernels()
-            raise Stop("timeout", self.out_of_time(
-                f"cudacheck on {name} ran longer than the {self.timeout:g} s of its check")) from None
-        except (sandbox.Died, EOFError, OSError) as exc:
-            self.stop_kernels()
-            raise Stop("error", _died(exc, "kernel")) from None
-        except wire.WireError as exc:
-            self.stop_kernels()
-            raise Stop("error", f"cudacheck on {name} returned {exc}") from None
         if type(reply) is dict and type(reply.get("kernel_error")) is dict:
             error = reply["kernel_error"]
             exc = cudacheck.KernelError(str(error.get("message", ""))[:4000])
@@ -506,24 +518,11 @@ class Run:
             raise Stop("error", str(exc)) from None
 
     def call(self, name, args, kwargs):
-        left = min(self.deadline, self.end) - time.monotonic()
-        if left <= 0:
-            raise Stop("timeout", self.out_of_time(f"the check ran longer than {self.timeout:g} s"))
-        try:
+        left = self.check_left()
+        with self.asking(f"{name}(...)", "answer", self.stop):
             if self.session is None:
                 self.start()
             return self.session.call(name, args, kwargs, timeout=left)
-        except sandbox.AnswerRaised as exc:
-            raise _rebuilt(exc.error) from None
-        except sandbox.Timeout:
-            self.stop()
-            raise Stop("timeout", self.out_of_time(f"{name}(...) ran longer than the {self.timeout:g} s of its check")) from None
-        except (sandbox.Died, EOFError, OSError) as exc:
-            self.stop()
-            raise Stop("error", _died(exc, "answer")) from None
-        except wire.WireError as exc:
-            self.stop()  # the channel may be out of step: the next check gets a fresh sandbox
-            raise Stop("error", f"{name}(...) returned {exc}") from None
 
     def inject(self, namespace, course_names, wanted):
         """Put what the answers defined, the course does not, and the check reads into its namespace."""
