@@ -21,8 +21,8 @@ import numpy as np
 import course_lib
 from course_lib import bench
 from course_lib.kernels import flash_numpy
-from course_lib.masks import MaskSpec
-from course_lib.tilemap import tile_counts
+from course_lib.core.masks import MaskSpec
+from course_lib.views.tilemap import tile_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "causal_skipping.jsonl"

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from course_lib import api, bench, checks  # noqa: E402
+from course_lib.core.options import call_forward  # noqa: E402
 from course_lib.kernels import flash_numba_cuda as fnc  # noqa: E402
 
 
@@ -74,7 +75,7 @@ def plan_for(q, k, v, **options):
     def grab(q, k, v, opts, mask):
         got["plan"] = fnc.plan(q, k, v, opts, mask)
         return np.zeros(1), np.zeros(1)
-    api.call_forward(grab, q, k, v, **options)
+    call_forward(grab, q, k, v, **options)
     return got["plan"]
 
 

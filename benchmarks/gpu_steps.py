@@ -47,7 +47,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from course_lib import api, bench, checks  # noqa: E402
+from course_lib import bench, checks  # noqa: E402
+from course_lib.core.options import call_forward  # noqa: E402
 from course_lib.kernels import cuda_steps as cs  # noqa: E402
 
 OUT = None
@@ -94,7 +95,7 @@ def plan_for(step, q, k, v, tiling=None, splits=1, **options):
     def grab(q, k, v, opts, mask):
         got["plan"] = cs.plan(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
         return np.zeros(1), np.zeros(1)
-    api.call_forward(grab, q, k, v, **options)
+    call_forward(grab, q, k, v, **options)
     return got["plan"]
 
 

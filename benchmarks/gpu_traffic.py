@@ -69,7 +69,7 @@ def parse(text):
 
 
 def predictions(B, H, N, D, tiling):
-    from course_lib import iomodel
+    from course_lib.models import iomodel
     out = {}
     try:
         br, bc = (tiling["Br"], tiling["Bc"]) if tiling else (64, 32)

@@ -1,124 +1,17 @@
 """``attention``, ``attention_varlen`` and ``available_impls``: the course's public API.
 
-Everything a learner can get wrong in a call is caught here, before any impl
-runs, with an error that names the argument, says what was expected and what
-was given.  Impls receive validated arrays and an ``AttentionOptions``.
-Nothing is modified in place.
+Each looks the impl up in the registry (``kernels``) and runs it through
+``core.options.call_forward``, which validates every input and option first.
 """
 from __future__ import annotations
 
-import math
-import numbers
-from dataclasses import dataclass, replace
-
-import ml_dtypes
-import numpy as np
-
 from . import kernels
-from .masks import ALIGNMENTS, MaskSpec
-from .reference import lse_dtype
-
-FLOAT_DTYPES = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
-                np.dtype(np.float32), np.dtype(np.float64)}
-
-
-@dataclass(frozen=True)
-class AttentionOptions:
-    """Validated options, shared by every impl."""
-
-    softmax_scale: float
-    causal: bool = False
-    causal_align: str = "bottom_right"
-    window_size: tuple = (-1, -1)
-    softcap: float = 0.0
-    alibi_slopes: np.ndarray | None = None  # float64 (B, H), or None
-    block_q: int | None = None
-    block_k: int | None = None
-
-    def mask(self, seqlen_q: int, seqlen_k: int) -> MaskSpec:
-        return MaskSpec(seqlen_q, seqlen_k, self.causal, self.causal_align, self.window_size)
+from .core.options import call_forward, call_forward_varlen
 
 
 def available_impls() -> list:
     """Names of the impls usable on this machine, in the course's order."""
     return [name for name in kernels.IMPLS if kernels.load(name) is not None]
-
-
-# -- validation ---------------------------------------------------------------
-
-def _array(name, x):
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {x.dtype}")
-    return x
-
-
-def _qkv(q, k, v, rank, layout):
-    q, k, v = _array("q", q), _array("k", k), _array("v", v)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim != rank:
-            raise ValueError(f"{name} must be {rank}-D {layout}, got shape {x.shape}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-
-
-def _check_heads(heads, heads_k, head_dim, k_head_dim, v_heads):
-    if heads_k != v_heads:
-        raise ValueError(f"k and v must have the same number of heads, got {heads_k} and {v_heads}")
-    if head_dim < 1:
-        raise ValueError(f"head_dim of q must be >= 1, got {head_dim}")
-    if k_head_dim != head_dim:
-        raise ValueError(f"k must have q's head_dim {head_dim}, got {k_head_dim}")
-    if heads_k == 0 and heads > 0 or heads_k > 0 and heads % heads_k != 0:
-        raise ValueError(f"heads of q ({heads}) must be a multiple of heads of k/v ({heads_k}) for GQA/MQA")
-
-
-def _is_int(x):
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
-
-def _options(*, batch, heads, head_dim, causal, causal_align, window_size, softcap,
-             alibi_slopes, softmax_scale, block_q, block_k, return_lse):
-    for name, flag in (("causal", causal), ("return_lse", return_lse)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-    if causal_align not in ALIGNMENTS:
-        raise ValueError(f"causal_align must be one of {ALIGNMENTS}, got {causal_align!r}")
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(_is_int(w) for w in window_size)):
-        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
-    if any(w < -1 for w in window_size):
-        raise ValueError(f"window_size entries must be >= 0, or -1 for unbounded, got {tuple(window_size)}")
-    if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool):
-        raise TypeError(f"softcap must be a number, got {softcap!r}")
-    if not math.isfinite(softcap) or softcap < 0:
-        raise ValueError(f"softcap must be finite and >= 0 (0 turns it off), got {softcap}")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    elif not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
-        raise TypeError(f"softmax_scale must be a number or None, got {softmax_scale!r}")
-    elif not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
-    for name, block in (("block_q", block_q), ("block_k", block_k)):
-        if block is not None and not _is_int(block):
-            raise TypeError(f"{name} must be a positive int or None, got {block!r}")
-        if block is not None and block < 1:
-            raise ValueError(f"{name} must be >= 1, got {block}")
-    slopes = None
-    if alibi_slopes is not None:
-        if not isinstance(alibi_slopes, np.ndarray) or alibi_slopes.dtype.kind != "f":
-            raise TypeError("alibi_slopes must be a float numpy array of shape (heads,) or (batch, heads)")
-        if alibi_slopes.shape not in ((heads,), (batch, heads)):
-            raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}), got {alibi_slopes.shape}")
-        if not np.all(np.isfinite(alibi_slopes)):
-            raise ValueError("alibi_slopes must be finite")
-        slopes = np.broadcast_to(alibi_slopes.astype(np.float64), (batch, heads)).copy()
-    return AttentionOptions(
-        softmax_scale=float(softmax_scale), causal=bool(causal), causal_align=causal_align,
-        window_size=(int(window_size[0]), int(window_size[1])), softcap=float(softcap),
-        alibi_slopes=slopes, block_q=None if block_q is None else int(block_q),
-        block_k=None if block_k is None else int(block_k))
 
 
 def _impl(impl):
@@ -131,18 +24,6 @@ def _impl(impl):
 
 
 # -- the public functions -------------------------------------------------------
-
-def _run(forward, q, k, v, opts):
-    """Dense forward, handling shapes that leave no work for the impl."""
-    batch, heads, seqlen_q, _ = q.shape
-    seqlen_k, head_dim_v = k.shape[2], v.shape[3]
-    if batch * heads * seqlen_q * head_dim_v == 0 or seqlen_k == 0:
-        # Nothing to compute, or no key to see: every row is fully masked.
-        out = np.zeros((batch, heads, seqlen_q, head_dim_v), dtype=q.dtype)
-        lse = np.full((batch, heads, seqlen_q), -np.inf, dtype=lse_dtype(q.dtype))
-        return out, lse
-    return forward(q, k, v, opts, opts.mask(seqlen_q, seqlen_k))
-
 
 def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_right",
               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None,
@@ -158,51 +39,6 @@ def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_r
                         causal_align=causal_align, window_size=window_size, softcap=softcap,
                         alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
                         block_q=block_q, block_k=block_k, return_lse=return_lse)
-
-
-def call_forward(forward, q, k, v, *, return_lse=False, **options):
-    """Validate a dense call, then run ``forward(q, k, v, opts, mask)``.
-
-    ``attention`` uses it with a registered impl; a lecture can pass any
-    forward function (a loop-order variant, a learner's kernel) and get the
-    same checks and the same handling of empty shapes.
-    """
-    _qkv(q, k, v, 4, "(batch, heads, seqlen, head_dim)")
-    batch, heads, seqlen_q, head_dim = q.shape
-    if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"q, k and v must have one batch size, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
-    if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must have one seqlen_k, got {k.shape[2]} and {v.shape[2]}")
-    _check_heads(heads, k.shape[1], head_dim, k.shape[3], v.shape[1])
-    opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
-    out, lse = _run(forward, q, k, v, opts)
-    return (out, lse) if return_lse else out
-
-
-_OPTION_DEFAULTS = dict(causal=False, causal_align="bottom_right", window_size=(-1, -1), softcap=0.0,
-                        alibi_slopes=None, softmax_scale=None, block_q=None, block_k=None)
-
-
-def _defaults(options):
-    unknown = set(options) - set(_OPTION_DEFAULTS)
-    if unknown:
-        raise TypeError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTION_DEFAULTS)}")
-    return {**_OPTION_DEFAULTS, **options}
-
-
-def _cu_seqlens(name, cu, total):
-    if not isinstance(cu, np.ndarray) or cu.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be an int numpy array, got "
-                        f"{cu.dtype if isinstance(cu, np.ndarray) else type(cu).__name__}")
-    if cu.ndim != 1 or cu.size < 1:
-        raise ValueError(f"{name} must be 1-D with batch + 1 entries, got shape {cu.shape}")
-    if cu[0] != 0:
-        raise ValueError(f"{name} must start at 0, got {cu[0]}")
-    if np.any(np.diff(cu) < 0):
-        raise ValueError(f"{name} must be non-decreasing, got {cu.tolist()}")
-    if cu[-1] != total:
-        raise ValueError(f"{name} must end at the packed length {total}, got {cu[-1]}")
-    return cu.astype(np.int64)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", causal=False,
@@ -221,31 +57,3 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", c
                                causal=causal, causal_align=causal_align, window_size=window_size,
                                softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
                                block_q=block_q, block_k=block_k, return_lse=return_lse)
-
-
-def call_forward_varlen(forward, q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse=False, **options):
-    """``call_forward`` for packed sequences: one dense call per sequence."""
-    _qkv(q, k, v, 3, "(total, heads, head_dim)")
-    total_q, heads, head_dim = q.shape
-    if k.shape[0] != v.shape[0]:
-        raise ValueError(f"k and v must have one packed length, got {k.shape[0]} and {v.shape[0]}")
-    _check_heads(heads, k.shape[1], head_dim, k.shape[2], v.shape[1])
-    cq = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q)
-    ck = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
-    if cq.size != ck.size:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe one batch, got "
-                         f"{cq.size - 1} and {ck.size - 1} sequences")
-    batch = cq.size - 1
-    opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
-    out = np.zeros((total_q, heads, v.shape[2]), dtype=q.dtype)
-    lse = np.full((heads, total_q), -np.inf, dtype=lse_dtype(q.dtype))
-    for b in range(batch):
-        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-        # (n, H, D) -> (1, H, n, D): one sequence as a dense batch of one
-        qb, kb, vb = (x[None].transpose(0, 2, 1, 3) for x in (q[rows], k[keys], v[keys]))
-        seq_opts = opts if opts.alibi_slopes is None else replace(opts, alibi_slopes=opts.alibi_slopes[b:b + 1])
-        ob, lb = _run(forward, qb, kb, vb, seq_opts)
-        out[rows] = ob[0].transpose(1, 0, 2)
-        lse[:, rows] = lb[0]
-    return (out, lse) if return_lse else out
-

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import api
+from .core.options import call_forward
 from .kernels import naive
-from .reference import LOW_PRECISION, attention_math
+from .core.reference import LOW_PRECISION, attention_math
 
 # (atol, rtol) per dtype the answer is asked for (never the dtype it comes in).  float32 leaves room for a different
 # summation order over a few thousand keys; float64 for the same in double.
@@ -244,7 +244,7 @@ def _largest(err) -> float:
 
 def _grounded(q, k, v, expected, expected_lse, **options):
     """(bound on out, bound on lse): 2 x naive's largest error in q's dtype, plus the rounding term."""
-    baseline, baseline_lse = api.call_forward(naive.attention_forward, q, k, v, return_lse=True, **options)
+    baseline, baseline_lse = call_forward(naive.attention_forward, q, k, v, return_lse=True, **options)
     _, _, out_err = _errors(baseline, expected)
     _, _, lse_err = _errors(baseline_lse, expected_lse)
     lse_dtype = np.dtype(np.float32)
@@ -255,7 +255,7 @@ def _grounded(q, k, v, expected, expected_lse, **options):
 def attention_tolerance(q, k, v, expected, expected_lse=None, **options):
     """(bound or None, atol, rtol, rule text) for attention outputs expected in q's dtype."""
     if expected_lse is None:
-        _, expected_lse = api.call_forward(_reference64, q, k, v, return_lse=True, **options)
+        _, expected_lse = call_forward(_reference64, q, k, v, return_lse=True, **options)
     if q.dtype.name in LOW_PRECISION:
         bound, _ = _grounded(q, k, v, expected, expected_lse, **options)
         return bound, 0.0, 0.0, f"2 x naive {q.dtype.name} error + rounding"
@@ -281,7 +281,7 @@ def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -
     ``options`` are ``course_lib.attention``'s (causal, window_size, ...);
     ``block_q`` also names the query tile reported on failure.
     """
-    expected, expected_lse = api.call_forward(_reference64, q, k, v, return_lse=True, **options)
+    expected, expected_lse = call_forward(_reference64, q, k, v, return_lse=True, **options)
     bound, atol, rtol, rule = attention_tolerance(q, k, v, expected, expected_lse, **options)
     label = f"{name} ({_describe(q, k, v, options)})"
     block_q = options.get("block_q") or 64

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 from numba import cuda
 
-from course_lib import checks, rules
+from course_lib import checks
+from course_lib.core import rules
 from course_lib.kernels import cuda_steps as cs
 
 # name: (B, H, Hk, Nq, Nk, D, Dv, options, splits)

@@ -126,7 +126,7 @@ def test_the_committed_causal_skipping_records_are_complete():
 
 
 def test_the_committed_cpu_bench_run_has_every_bucket_for_every_cpu_impl_and_peer():
-    from course_lib import benchrun
+    from course_lib.bench import cli as benchrun
 
     path = bench.Path(__file__).resolve().parent.parent / "notebooks" / "records" / "bench_cpu.jsonl"
     records = bench.load_records(path, benchmark="bench")

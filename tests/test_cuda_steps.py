@@ -19,7 +19,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from course_lib import bench, benchrun, rules
+from course_lib import bench
+from course_lib.bench import cli as benchrun
+from course_lib.core import rules
 from course_lib.kernels import cuda_steps as cs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,9 @@ import platform
 import numpy as np
 
 import course_lib
-from course_lib import envreport, memory
+from course_lib.bench import envreport
+from course_lib.core import machine
+from course_lib.models import memory
 
 
 # -- the environment report ------------------------------------------------------
@@ -45,9 +47,9 @@ def test_collect_gives_the_same_facts_as_a_dict():
 
 
 def test_simulator_is_reported_when_numba_runs_it(monkeypatch):
-    monkeypatch.setattr(envreport, "simulator_enabled", lambda: True)
-    assert envreport.gpu()["kind"] == "simulator"
-    assert "NUMBA_ENABLE_CUDASIM" in envreport.gpu()["name"]
+    monkeypatch.setattr(machine, "simulator_enabled", lambda: True)
+    assert machine.gpu()["kind"] == "simulator"
+    assert "NUMBA_ENABLE_CUDASIM" in machine.gpu()["name"]
 
 
 def test_a_numpy_that_breaks_numba_cuda_gets_a_note():

@@ -6,7 +6,7 @@ import pytest
 
 import course_lib
 from course_lib import checks
-from course_lib.varlen import pack, unpack
+from course_lib.core.varlen import pack, unpack
 
 IMPLS = [name for name in course_lib.available_impls() if name != "flash_numba_cuda"]
 

@@ -9,7 +9,7 @@ matplotlib.use("agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course_lib import figstyle, widgets  # noqa: E402
+from course_lib.views import figstyle, widgets  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 LECTURES_WITH_FIGURES = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name.startswith("00_"))

@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import course_lib
-from course_lib import checks, kernels, rules
+from course_lib import checks, kernels
+from course_lib.core.options import attention_options
+from course_lib.core import rules
 from course_lib.kernels import flash_numba_cpu as fnc
 from course_lib.kernels import launch
 
@@ -106,8 +108,7 @@ def run_with_plan(q, k, v, opts, mask, change_plan):
 def test_the_kernel_does_what_the_host_plan_says(change, what):
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((1, 2, 48, 8)) for _ in range(3))
-    opts = course_lib.api._options(batch=1, heads=2, head_dim=8, return_lse=False,
-                                   **course_lib.api._defaults({"causal": True}))
+    opts = attention_options(batch=1, heads=2, head_dim=8, **{"causal": True})
     mask = opts.mask(48, 48)
     out, lse = run_with_plan(q, k, v, opts, mask, lambda t: t)
     checks.check_attention(out, q, k, v, lse=lse, causal=True)
@@ -119,8 +120,7 @@ def test_the_kernel_does_what_the_host_plan_says(change, what):
 def test_causal_skips_the_tiles_above_the_diagonal():
     rng = np.random.default_rng(6)
     q, k, v = (rng.standard_normal((1, 1, 1024, 8)) for _ in range(3))
-    opts = course_lib.api._options(batch=1, heads=1, head_dim=8, return_lse=False,
-                                   **course_lib.api._defaults({"causal": True}))
+    opts = attention_options(batch=1, heads=1, head_dim=8, **{"causal": True})
     plan = launch.prepare(q, k, v, opts, opts.mask(1024, 1024), 64, 64)[0]
     assert plan.computed_tiles == 136  # of 256: the diagonal and below
 

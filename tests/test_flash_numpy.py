@@ -13,9 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import course_lib
-from course_lib import api, checks, counted, iomodel
+from course_lib import checks
+from course_lib.core.options import call_forward
+from course_lib.kernels import counted
+from course_lib.models import iomodel
 from course_lib.kernels import flash_numpy
-from course_lib.masks import EMPTY, PARTIAL
+from course_lib.core.masks import EMPTY, PARTIAL
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 BLOCKS = [None, 1, 2, 3, 5, 7, 16, 33, 64, 100]
@@ -176,7 +179,7 @@ def test_attention_fa1_validates_like_attention():
 def test_an_unknown_loop_order_is_refused():
     q = np.zeros((1, 1, 2, 2))
     with pytest.raises(ValueError, match="loop_order"):
-        api.call_forward(partial(flash_numpy.flash_forward, loop_order="fa3"), q, q, q)
+        call_forward(partial(flash_numpy.flash_forward, loop_order="fa3"), q, q, q)
 
 
 def forward_stats(loop_order, q, k, v, **options):
@@ -187,7 +190,7 @@ def forward_stats(loop_order, q, k, v, **options):
 def test_empty_tiles_are_skipped_and_only_partial_tiles_masked(loop_order):
     rng = np.random.default_rng(9)
     q, k, v = make_qkv(rng, 1, 1, 1, 50, 50, 4, 4, np.float32)
-    kinds = course_lib.masks.MaskSpec(50, 50, causal=True).tile_map(8, 8)
+    kinds = course_lib.core.masks.MaskSpec(50, 50, causal=True).tile_map(8, 8)
     stats = forward_stats(loop_order, q, k, v, causal=True, block_q=8, block_k=8)
     assert stats.skipped == np.sum(kinds == EMPTY)
     assert stats.computed == kinds.size - np.sum(kinds == EMPTY)
@@ -215,7 +218,7 @@ def test_the_counted_kernel_is_this_kernel_same_outputs_same_counts(loop_order, 
     run = counted.run_counted(q, k, v, schedule=loop_order, return_lse=True, **options)
     np.testing.assert_array_equal(run.out, out)  # bit for bit: one loop body, not two copies
     np.testing.assert_array_equal(run.lse, lse)
-    assert run.traffic == iomodel.traffic_of(loop_order, stats)
+    assert run.traffic == counted.traffic_of(loop_order, stats)
 
 
 def test_hbm_traffic_fa2_reads_q_once_and_fa1_reads_k_and_v_once():
@@ -252,4 +255,4 @@ def test_the_kernels_count_of_hbm_traffic_is_the_io_models(loop_order, dtype, sh
     model = iomodel.attention_io(loop_order, Nq, Nk, D, dtype, head_dim_v=Dv, block_q=Br, block_k=Bc, batch=B,
                                  heads=H, return_lse=True, **options)
     assert (stats.hbm_read, stats.hbm_write) == (model.read_bytes, model.write_bytes)
-    assert iomodel.traffic_of(loop_order, stats) == model  # tensor by tensor, FLOPs and exponentials too
+    assert counted.traffic_of(loop_order, stats) == model  # tensor by tensor, FLOPs and exponentials too

@@ -67,11 +67,11 @@ def attacks(course: Path, victim_pid: int) -> dict:
                                   "for c in nb['cells']:\n    if 'answer' in c['metadata'].get('tags', []):\n"
                                   "        exec(''.join(c['source']))"},
         # the course's kernels and checks through sys.modules, reached from an allowed module
-        "sys_modules": {"1.1": "import dataclasses\nref = dataclasses.sys.modules['course_lib.reference']\n"
+        "sys_modules": {"1.1": "import dataclasses\nref = dataclasses.sys.modules['course_lib.core.reference']\n"
                                "def scores(q, k):\n    return ref.attention_scores(q, k)",
                         "1.2": "import dataclasses\nc = dataclasses.sys.modules['course_lib.checks']\n"
                                "c.check_close = lambda *a, **k: print('PASS')\ndef softmax(x):\n    return x"},
-        "import_course_lib": {"1.1": "from course_lib.reference import attention_scores as scores"},
+        "import_course_lib": {"1.1": "from course_lib.core.reference import attention_scores as scores"},
         # values that read the expected answer from the caller's frame
         "frame_reading": {"1.1": "import sys\nclass Sneaky:\n"
                                  "    def __array__(self, *a, **k):\n"
@@ -708,7 +708,7 @@ def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
 def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_path):
     """1.5's cases are a fixed list and a few seeded draws: a table of their outputs, recorded by
     running the published check, passes as published and fails on fresh inputs."""
-    from course_lib import memory
+    from course_lib.models import memory
     exercise = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
     table = {}
 

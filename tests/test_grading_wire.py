@@ -67,7 +67,7 @@ def test_a_forged_value_is_refused_not_trusted(tree, buffers):
 
 def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports():
     plain = new_notebook(cells=[
-        new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.iomodel\nrng = 1",
+        new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.models.iomodel\nrng = 1",
                       id="a"),
         new_code_cell("x = 1", id="b", metadata={"tags": ["answer"], "course": {"exercise": "1.1"}})])
     assert grade.sandbox_setup(plain) == ["import math\nimport numpy as np"]

@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import course_lib
-from course_lib import checks, iomodel, roofline, sram
-from course_lib.counted import run_counted
-from course_lib.iomodel import SCHEDULES, attention_io
+from course_lib import checks
+from course_lib.core.options import AttentionOptions
+from course_lib.models import iomodel, roofline, sram
+from course_lib.kernels.counted import run_counted
+from course_lib.models.iomodel import SCHEDULES, attention_io
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 MASKS = [dict(), dict(causal=True), dict(causal=True, causal_align="top_left"), dict(window_size=(5, 3))]
@@ -160,15 +162,14 @@ def test_matmul_io_counts_2mnk_flops_and_each_matrix_once():
 
 def test_time_bound_is_the_largest_of_compute_memory_and_exp():
     t = iomodel.naive_io(4096, 4096, 64, "float16")
-    assert iomodel.time_bound is roofline.time_bound  # moved to roofline; the old name still works
     bound = roofline.time_bound(t, "h100_sxm", "float16")
     assert bound.compute_s == pytest.approx(t.flops / 989.5e12)
     assert bound.memory_s == pytest.approx(t.bytes / 3.35e12)
     assert bound.exp_s == pytest.approx(t.exps / 3.9e12)
     assert bound.seconds == max(bound.compute_s, bound.memory_s, bound.exp_s) and bound.limiter == "memory"
-    no_exp = iomodel.time_bound(t, "a100_80gb", "float16")  # no exp figure for the A100
+    no_exp = roofline.time_bound(t, "a100_80gb", "float16")  # no exp figure for the A100
     assert no_exp.exp_s == 0
-    compute = iomodel.time_bound(iomodel.matmul_io(8192, 8192, 8192, "float16"), "h100_sxm", "float16")
+    compute = roofline.time_bound(iomodel.matmul_io(8192, 8192, 8192, "float16"), "h100_sxm", "float16")
     assert compute.limiter == "compute"
 
 
@@ -308,7 +309,7 @@ def test_flops_count_the_visible_pairs_so_decode_counts_every_key():
 
 @pytest.mark.parametrize("mask", MASKS + [dict(window_size=(0, 0))], ids=str)
 def test_visible_pairs_equal_the_reference_masks_count(mask):
-    spec = course_lib.api.AttentionOptions(softmax_scale=1.0, **mask).mask(37, 53)
+    spec = AttentionOptions(softmax_scale=1.0, **mask).mask(37, 53)
     expected = int(spec.visible(np.arange(37), np.arange(53)).sum())
     assert iomodel.visible_pairs(37, 53, **mask) == expected
 
@@ -393,10 +394,3 @@ def test_fa2_keeps_one_k_and_v_buffer_and_o_in_registers_fa3_reads_q_from_shared
     assert set(fa2) == set(fa3)
 
 
-def test_iomodel_is_the_model_and_keeps_its_old_names_for_what_moved_out():
-    from course_lib import counted
-
-    assert iomodel.run_counted is counted.run_counted and iomodel.Counted is counted.Counted
-    assert iomodel.time_bound is roofline.time_bound and iomodel.Bound is roofline.Bound
-    with pytest.raises(AttributeError, match="HBM"):
-        iomodel.HBM  # noqa: B018  (the counted memories live in course_lib.counted only)

@@ -1,4 +1,4 @@
-"""The online softmax and the merge of partial results (course_lib.online_softmax).
+"""The online softmax and the merge of partial results (course_lib.core.online_softmax).
 
 Expectations are computed directly in the tests: softmax as exp(s - logsumexp(s))
 with numpy's own ``np.logaddexp.reduce``, never with the module under test.
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import online_softmax as osm
+from course_lib.core import online_softmax as osm
 
 SETTINGS = settings(max_examples=50, deadline=None)
 

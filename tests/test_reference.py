@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import course_lib
 from course_lib import checks
+from course_lib.core.options import AttentionOptions
 from oracle import oracle_attention
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -345,7 +346,7 @@ def test_a_nan_in_v_reaches_rows_that_cannot_see_it_and_those_rows_get_a_nan_lse
 
 
 def test_the_nan_rule_is_one_function_and_a_clean_row_keeps_its_lse():
-    from course_lib.reference import nan_lse_where_out_is_nan
+    from course_lib.core.reference import nan_lse_where_out_is_nan
 
     out = np.array([[[0.0, 1.0], [np.nan, 2.0], [0.0, 0.0]]])
     lse = np.array([[0.5, 1.5, -np.inf]], dtype=np.float32)
@@ -426,7 +427,7 @@ def test_a_wrong_float32_lse_still_fails(capsys):
 # -- conventions beside FlashAttention's -----------------------------------------------
 
 def test_fa2s_causal_alibi_adds_slope_times_j_same_output_lse_shifted_by_slope_times_i_plus_offset():
-    from course_lib import conventions
+    from course_lib.core import conventions
 
     rng = np.random.default_rng(5)
     nq, nk, slopes = 7, 12, np.array([0.25, 0.5])
@@ -444,7 +445,7 @@ def test_fa2s_causal_alibi_adds_slope_times_j_same_output_lse_shifted_by_slope_t
 
 
 def test_fully_masked_rows_lse_conventions_and_fa2s_window_and_head_dim_rules():
-    from course_lib import conventions
+    from course_lib.core import conventions
 
     assert conventions.FULLY_MASKED_LSE["course_lib"] == conventions.FULLY_MASKED_LSE["FlashAttention-3"] == -math.inf
     assert conventions.FULLY_MASKED_LSE["FlashAttention-2 kernel"] == math.inf
@@ -457,8 +458,8 @@ def test_fully_masked_rows_lse_conventions_and_fa2s_window_and_head_dim_rules():
         window = (nk + 2, nk)
         rewritten = conventions.fa2_window(window, nq, nk)
         assert rewritten == (-1, -1)
-        ours = course_lib.api.AttentionOptions(1.0, window_size=window).mask(nq, nk)
-        theirs = course_lib.api.AttentionOptions(1.0, window_size=rewritten).mask(nq, nk)
+        ours = AttentionOptions(1.0, window_size=window).mask(nq, nk)
+        theirs = AttentionOptions(1.0, window_size=rewritten).mask(nq, nk)
         rows, cols = np.arange(nq), np.arange(nk)
         assert (not np.array_equal(ours.visible(rows, cols), theirs.visible(rows, cols))) == differs
     assert conventions.fa2_window((3, 5), 12, 8) == (3, 5)

@@ -4,8 +4,8 @@ import math
 import matplotlib
 import pytest
 
-from course_lib import roofline
-from course_lib.roofline import DATASHEET, ILLUSTRATIVE, MEASURED, Figure
+from course_lib.models import roofline
+from course_lib.models.roofline import DATASHEET, ILLUSTRATIVE, MEASURED, Figure
 
 matplotlib.use("Agg")
 REQUIRED = ("h100_sxm", "h200", "a100_80gb", "rtx_4090", "l4", "laptop_cpu", "edge_npu", "riscv_manycore")

@@ -1,4 +1,4 @@
-"""The scalar rules every kernel shares (course_lib.rules): each one against
+"""The scalar rules every kernel shares (course_lib.core.rules): each one against
 its definition, the vectorised numpy forms held equal to them, and the same
 source compiled by numba giving the same answers."""
 import math
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import rules
-from course_lib.masks import MaskSpec, apply_softcap
-from course_lib.online_softmax import finalize, init_state, online_update
-from course_lib.reference import lse_dtype
+from course_lib.core import rules
+from course_lib.core.masks import MaskSpec, apply_softcap
+from course_lib.core.online_softmax import finalize, init_state, online_update
+from course_lib.core.reference import lse_dtype
 from course_lib.kernels import flash_numba_cpu as compiled
 
 masks = st.builds(

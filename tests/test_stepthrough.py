@@ -1,4 +1,4 @@
-"""The step-through of the online softmax (course_lib.stepthrough): trace, figure, widget."""
+"""The step-through of the online softmax (course_lib.views.stepthrough): trace, figure, widget."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from course_lib import stepthrough  # noqa: E402
+from course_lib.views import stepthrough  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from course_lib import api
+from course_lib.core.options import AttentionOptions, call_forward
 from course_lib.kernels import flash_numpy
-from course_lib.masks import MaskSpec
-from course_lib.tilemap import tile_counts
+from course_lib.core.masks import MaskSpec
+from course_lib.views.tilemap import tile_counts
 
 CASES = {
     # name: (Nq, Nk, block_q, block_k, options)
@@ -39,7 +40,7 @@ def qkv(nq, nk, batch=2, heads=3, heads_k=1, d=8, seed=0):
 def run_with_stats(loop_order, nq, nk, block_q, block_k, options, **shape):
     stats = flash_numpy.TileStats()
     forward = partial(flash_numpy.flash_forward, loop_order=loop_order, stats=stats)
-    out = api.call_forward(forward, *qkv(nq, nk, **shape), block_q=block_q, block_k=block_k, **options)
+    out = call_forward(forward, *qkv(nq, nk, **shape), block_q=block_q, block_k=block_k, **options)
     return stats, out
 
 
@@ -107,7 +108,7 @@ class CountingMask(MaskSpec):
 def test_full_tiles_get_no_elementwise_mask(loop_order, case):
     nq, nk, block_q, block_k, options = CASES[case]
     q, k, v = qkv(nq, nk)
-    opts = api.AttentionOptions(softmax_scale=0.3, block_q=block_q, block_k=block_k,
+    opts = AttentionOptions(softmax_scale=0.3, block_q=block_q, block_k=block_k,
                                 **{key: value for key, value in options.items()})
     spec = opts.mask(nq, nk)
     mask = CountingMask(spec.seqlen_q, spec.seqlen_k, spec.causal, spec.causal_align, spec.window_size)

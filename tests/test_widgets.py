@@ -3,7 +3,8 @@ import ipywidgets
 import matplotlib
 import pytest
 
-from course_lib import iomodel, roofline, sram, widgets
+from course_lib.models import iomodel, roofline, sram
+from course_lib.views import widgets
 
 matplotlib.use("Agg")
 
@@ -43,7 +44,7 @@ def test_moving_br_recomputes_the_budget_traffic_and_error(tile_explorer):
     assert r.budget == sram.tile_budget(128, 64, 64, "float16")
     assert r.flash == iomodel.flash_io(4096, 4096, 64, "float16", block_q=128, block_k=64)
     assert r.naive == iomodel.naive_io(4096, 4096, 64, "float16")
-    assert r.flash_bound == iomodel.time_bound(r.flash, "h100_sxm", "float16")
+    assert r.flash_bound == roofline.time_bound(r.flash, "h100_sxm", "float16")
     assert r.occupancy == sram.occupancy(r.budget, "h100_sxm")
     assert r.run_shape == (2 * 128 + 5, 2 * 64 + 3) and r.within_tolerance and 0 < r.max_error < 1e-2
     assert tile_explorer.summary.value != before_text and tile_explorer.image.value != before_png
@@ -92,8 +93,8 @@ def test_roofline_explorer_places_naive_and_flash_where_the_models_say(measureme
     r = explorer.result
     naive = iomodel.naive_io(4096, 4096, 64, "float16")
     assert r.traffic["naive"] == naive
-    assert r.bounds["naive"] == iomodel.time_bound(naive, "h100_sxm", "float16")
-    assert r.here["naive"] == iomodel.time_bound(naive, measurement, "float32")
+    assert r.bounds["naive"] == roofline.time_bound(naive, "h100_sxm", "float16")
+    assert r.here["naive"] == roofline.time_bound(naive, measurement, "float32")
     assert r.bounds["fa2"].flops_per_s > r.bounds["naive"].flops_per_s  # flash sits further right, higher
 
 
@@ -158,8 +159,8 @@ def test_every_explorer_carries_its_figure_as_a_png_for_readers_of_the_stored_no
     """nbviewer, GitHub and a notebook opened before it runs show outputs only: a figure, not 'Explorer(children=...'."""
     import base64
 
-    from course_lib import stepthrough
-    from course_lib.tilemap import tile_map_explorer
+    from course_lib.views import stepthrough
+    from course_lib.views.tilemap import tile_map_explorer
 
     boxes = {"tile size": widgets.tile_size_explorer(), "tile map": tile_map_explorer(),
              "step-through": stepthrough.stepthrough_widget()}
@@ -172,7 +173,7 @@ def test_every_explorer_carries_its_figure_as_a_png_for_readers_of_the_stored_no
 
 def test_the_tile_map_of_many_tiles_is_one_image_not_a_patch_per_tile():
     """1 x 1 tiles on 256 x 256 once drew 65,536 rectangles and locked the explorer for minutes."""
-    from course_lib.tilemap import MAX_DRAWN_TILES, plot_tile_map
+    from course_lib.views.tilemap import MAX_DRAWN_TILES, plot_tile_map
 
     fig = plot_tile_map(256, 256, 1, 1, causal=True)
     ax = fig.axes[0]
@@ -183,7 +184,7 @@ def test_the_tile_map_of_many_tiles_is_one_image_not_a_patch_per_tile():
 
 
 def test_the_tile_map_explorer_redraws_on_release_not_on_every_step_of_a_drag():
-    from course_lib.tilemap import tile_map_explorer
+    from course_lib.views.tilemap import tile_map_explorer
 
     box = tile_map_explorer()
     sliders = [c for c in box.controls.values() if hasattr(c, "continuous_update")]

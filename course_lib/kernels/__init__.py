@@ -1,7 +1,7 @@
 """The attention impls, by name.
 
 Each impl is a module with ``attention_forward(q, k, v, opts, mask)`` taking
-validated dense inputs (see ``course_lib.api``) and returning ``(out, lse)``,
+validated dense inputs (see ``core.options``) and returning ``(out, lse)``,
 and optionally ``available() -> bool``.  Modules are imported on first use so
 that a missing optional package only disables its own impl; any other failure
 to import (a bug, a syntax error, a course module that is missing) is raised,
@@ -11,7 +11,7 @@ with the impl's name, so that an impl never silently drops out of
 import importlib
 
 IMPLS = {
-    "reference": "course_lib.reference",
+    "reference": "course_lib.core.reference",
     "naive": "course_lib.kernels.naive",
     "flash_numpy": "course_lib.kernels.flash_numpy",
     "flash_numba_cpu": "course_lib.kernels.flash_numba_cpu",

@@ -75,7 +75,7 @@ into Qs, Ks (which P reuses once S is done; tiled_vec4 gives P its own rows), Vs
 and a small reduction area, so that a block may use more than the 48 KB a static
 array is allowed; above 48 KB the driver must be told (``allow_shared``).  The scalar rules (mask, softcap,
 ALiBi distance, the online-softmax step in base 2, finalize) are
-``course_lib.rules``, compiled as device functions.
+``course_lib.core.rules``, compiled as device functions.
 
 These kernels run on a GPU or in numba's simulator (``NUMBA_ENABLE_CUDASIM=1``);
 ``course_lib.cudacheck`` does not model dynamic shared memory.
@@ -94,8 +94,8 @@ try:
 except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are unavailable
     numba = None
 
-from .. import rules
-from ..reference import nan_lse_where_out_is_nan
+from ..core import rules
+from ..core.reference import nan_lse_where_out_is_nan
 from . import flash_numba_cuda as ch09
 from . import launch as host
 
@@ -892,7 +892,7 @@ def forward(step, q, k, v, opts, mask, *, tiling=None, splits=1):
 
 
 def api_forward(step, *, tiling=None, splits=1):
-    """An ``attention_forward(q, k, v, opts, mask)`` for ``course_lib.api.call_forward``."""
+    """An ``attention_forward(q, k, v, opts, mask)`` for ``call_forward``."""
     def attention_forward(q, k, v, opts, mask):
         return forward(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
     attention_forward.__name__ = f"cuda_step_{step}"
@@ -901,8 +901,8 @@ def api_forward(step, *, tiling=None, splits=1):
 
 def attention(q, k, v, *, step="tuned", tiling=None, splits=1, return_lse=False, **options):
     """``course_lib.attention`` for one of chapter 10's steps (same options, same validation)."""
-    from .. import api
-    return api.call_forward(api_forward(step, tiling=tiling, splits=splits), q, k, v,
+    from ..core.options import call_forward
+    return call_forward(api_forward(step, tiling=tiling, splits=splits), q, k, v,
                             return_lse=return_lse, **options)
 
 

@@ -13,7 +13,7 @@ arithmetic costs, not what the interpreter charges per numpy call.
   the (Tr, Tc) tile plan, never loads an EMPTY tile and masks only PARTIAL
   ones, element by element, with ``rules.visible``.
 - The scalar rules (mask, ALiBi distance, softcap, the online-softmax step,
-  finalize, rounding P) are ``course_lib.rules``, compiled here as they are.
+  finalize, rounding P) are ``course_lib.core.rules``, compiled here as they are.
 - Both matmuls of a tile, Qi Kj^T and Pij Vj, are one micro-kernel,
   ``matmul_nt`` (C = A B^T, both operands read along their contiguous last
   axis): Vj is transposed into the tile buffer as it is loaded.
@@ -42,8 +42,8 @@ try:
 except ModuleNotFoundError:  # an optional package missing: the impl is unavailable, nothing else
     numba = None
 
-from .. import rules
-from ..reference import nan_lse_where_out_is_nan
+from ..core import rules
+from ..core.reference import nan_lse_where_out_is_nan
 from . import launch as host
 
 DEFAULT_BLOCK_Q = 64

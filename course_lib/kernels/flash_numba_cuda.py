@@ -22,7 +22,7 @@ it:
   key tile is loaded and read only up to Nk.
 
 The scalar rules (mask, ALiBi distance, softcap, the online-softmax step,
-finalize) are ``course_lib.rules``, compiled here with
+finalize) are ``course_lib.core.rules``, compiled here with
 ``cuda.jit(device=True)`` as they are.  The arithmetic is float32 throughout;
 float64, float16 and bfloat16 are refused with a TypeError (chapter 11 takes
 up low precision on the GPU).
@@ -48,8 +48,8 @@ try:
 except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unavailable, nothing else
     numba = None
 
-from .. import rules
-from ..reference import nan_lse_where_out_is_nan
+from ..core import rules
+from ..core.reference import nan_lse_where_out_is_nan
 from . import launch as host
 
 # Br: threads per block, one per query row; Bc: keys per shared-memory tile.

@@ -1,7 +1,7 @@
 """impl ``flash_numpy``: the tiled FlashAttention forward, in numpy.
 
 Chapter 05's kernel, and the one tiled forward of the course: the counted
-kernel of chapter 03 (``course_lib.counted``) runs these same loops with a
+kernel of chapter 03 (``course_lib.kernels.counted``) runs these same loops with a
 memory that counts every byte, so the counts, the outputs and the errors shown
 anywhere in the course come from this code.
 
@@ -28,7 +28,7 @@ Two loop orders, both here so that a reader can compare them:
 
 Every (batch, head) pair is computed at once (the leading axes of each tile):
 those are the loops a GPU spreads over thread blocks.  Masks come tile by tile
-from ``course_lib.masks``: a tile no query sees is skipped, a tile every query
+from ``course_lib.core.masks``: a tile no query sees is skipped, a tile every query
 sees fully needs no elementwise mask, only the ``partial`` ones do.
 
 Every load from and store to a full-size array ("HBM"), and every buffer the
@@ -49,10 +49,10 @@ from functools import partial
 
 import numpy as np
 
-from .. import api
-from ..masks import EMPTY, FULL, PARTIAL, MaskSpec, tile_ranges
-from ..online_softmax import finalize, init_state, online_update
-from ..reference import LOW_PRECISION, kv_head_index, lse_dtype, nan_lse_where_out_is_nan, safe_max, tile_scores
+from ..core.options import call_forward
+from ..core.masks import EMPTY, FULL, PARTIAL, MaskSpec, tile_ranges
+from ..core.online_softmax import finalize, init_state, online_update
+from ..core.reference import LOW_PRECISION, kv_head_index, lse_dtype, nan_lse_where_out_is_nan, safe_max, tile_scores
 
 # The tile sizes every tiled schedule of the course uses when none is given:
 # flash_numpy, the counted kernel and the IO model read them from here.
@@ -84,7 +84,7 @@ class TileStats:
     ``reads`` / ``writes``: bytes per tensor (Q, K, V, O, m, l, lse) moved
     between the full-size arrays ("HBM") and the tiles, summed over every
     (batch, query head); ``flops`` and ``exps``: the matmul FLOPs and the score
-    exponentials of the computed tiles.  These follow ``course_lib.iomodel``'s
+    exponentials of the computed tiles.  These follow ``course_lib.models.iomodel``'s
     conventions (with ``return_lse``) and equal its model exactly.
     """
 
@@ -283,24 +283,24 @@ def attention_forward(q, k, v, opts, mask):
 
 def attention_fa1(q, k, v, **options):
     """``course_lib.attention`` with the FA1 loop order: same options, same checks."""
-    return api.call_forward(partial(flash_forward, loop_order="fa1"), q, k, v, **options)
+    return call_forward(partial(flash_forward, loop_order="fa1"), q, k, v, **options)
 
 
 def attention_fa2(q, k, v, **options):
     """``course_lib.attention`` with the FA2 loop order (what impl ``flash_numpy`` runs)."""
-    return api.call_forward(partial(flash_forward, loop_order="fa2"), q, k, v, **options)
+    return call_forward(partial(flash_forward, loop_order="fa2"), q, k, v, **options)
 
 
 def tile_stats(q, k, v, loop_order="fa2", **options) -> TileStats:
     """Run one loop order on (q, k, v) with ``course_lib.attention``'s options; return its TileStats."""
     stats = TileStats()
-    api.call_forward(partial(flash_forward, loop_order=loop_order, stats=stats), q, k, v, **options)
+    call_forward(partial(flash_forward, loop_order=loop_order, stats=stats), q, k, v, **options)
     return stats
 
 
 def run_with_stats(q, k, v, loop_order="fa2", **options):
     """(out, lse, TileStats) of one call: the output and the counts of the same run."""
     stats = TileStats()
-    out, lse = api.call_forward(partial(flash_forward, loop_order=loop_order, stats=stats), q, k, v,
+    out, lse = call_forward(partial(flash_forward, loop_order=loop_order, stats=stats), q, k, v,
                                 return_lse=True, **options)
     return out, lse, stats

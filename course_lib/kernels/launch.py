@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import rules
-from ..reference import kv_head_index
+from ..core import rules
+from ..core.reference import kv_head_index
 
 
 @dataclass(frozen=True)

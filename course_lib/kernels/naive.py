@@ -8,7 +8,7 @@ tolerance rule in ``course_lib.checks``.
 """
 import numpy as np
 
-from ..reference import LOW_PRECISION, attention_math, lse_dtype
+from ..core.reference import LOW_PRECISION, attention_math, lse_dtype
 
 
 def attention_forward(q, k, v, opts, mask):

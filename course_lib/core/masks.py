@@ -14,7 +14,7 @@ A window ``(left, right)`` lets query ``i`` see keys ``j`` with
 side.  Causal is the window ``(-1, 0)`` (and causal clips ``right`` to 0).
 
 The rules themselves (may query i see key j, the kind of a tile, the ALiBi
-distance, softcap) are the scalar functions of ``course_lib.rules``, which the
+distance, softcap) are the scalar functions of ``course_lib.core.rules``, which the
 compiled kernels call too; this module gives them numpy's shapes and names:
 ``MaskSpec.tile_kind`` asks ``rules.tile_kind``, and the vectorised
 ``visible`` and ``alibi_bias`` are held equal to ``rules.visible`` and

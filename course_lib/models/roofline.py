@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import envreport
+from ..core.machine import cpu_model
 
 DATASHEET, PAPER, MEASURED, ILLUSTRATIVE = "datasheet", "paper", "measured", "illustrative"
 KINDS = (DATASHEET, PAPER, MEASURED, ILLUSTRATIVE)
@@ -575,7 +575,7 @@ def measure_this_machine(*, copy_mib: int = 64, matmul_n: int = 512, exp_n: int 
         threads = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         threads = os.cpu_count() or 1
-    return Measurement(bandwidth=bandwidth, flops=flops, exp_per_s=exp_per_s, cpu=envreport.cpu_model(),
+    return Measurement(bandwidth=bandwidth, flops=flops, exp_per_s=exp_per_s, cpu=cpu_model(),
                        threads=threads, date=datetime.date.today().isoformat(), sram_per_core=_l2_per_core(),
                        runs=runs)
 

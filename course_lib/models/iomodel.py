@@ -37,7 +37,7 @@ matrix products executed (2 per multiply-add: QK^T and PV, QK^T twice for
 rescaling exponentials are left out).  With a mask and ``skip_empty_tiles``
 the tiled schedules skip tiles no query in them can see; naive always computes
 all of S.  Batch and heads multiply everything; with GQA every query head
-reads its K/V head.  ``course_lib.counted`` runs the same schedules on a
+reads its K/V head.  ``course_lib.kernels.counted`` runs the same schedules on a
 counted memory, and the tests hold the two equal byte for byte.
 
 What reaches HBM is less: the thread blocks of one head run at the same time
@@ -51,73 +51,15 @@ close to both predictions.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.masks import MaskSpec
+from ..kernels.counted import SCHEDULES, Traffic, traffic
+from ..kernels.flash_numpy import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from . import roofline, sram
-from .kernels.flash_numpy import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from .masks import MaskSpec
-from .roofline import Bound, time_bound  # noqa: F401  (the roofline bound lives in roofline; old name kept)
-
-SCHEDULES = ("naive", "two_pass", "fa1", "fa2")
-
-
-# -- what a schedule costs -----------------------------------------------------------
-
-@dataclass(frozen=True)
-class Traffic:
-    """FLOPs, exponentials and bytes of one attention call, per tensor, between the chip and L2 + HBM."""
-
-    schedule: str
-    flops: int
-    exps: int
-    reads: dict  # tensor name -> bytes read into the chip (from L2 or HBM)
-    writes: dict  # tensor name -> bytes written out of the chip
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(self.reads.values())
-
-    @property
-    def write_bytes(self) -> int:
-        return sum(self.writes.values())
-
-    @property
-    def bytes(self) -> int:
-        """All traffic below the chip (the two-level count), reads plus writes."""
-        return self.read_bytes + self.write_bytes
-
-    @property
-    def intensity(self) -> float:
-        """Arithmetic intensity, FLOP per byte of the two-level count."""
-        return self.flops / self.bytes if self.bytes else math.inf
-
-    def table(self) -> str:
-        """Per-tensor reads and writes as fixed-width text."""
-        names = sorted(set(self.reads) | set(self.writes), key=_TENSOR_ORDER.index)
-        lines = [f"{self.schedule}: {self.flops:,} FLOP, {self.bytes:,} B between chip and L2 + HBM, "
-                 f"intensity {self.intensity:.4g} FLOP/B",
-                 f"  {'tensor':<7}{'read B':>16}{'written B':>16}"]
-        for n in names:
-            lines.append(f"  {n:<7}{self.reads.get(n, 0):>16,}{self.writes.get(n, 0):>16,}")
-        return "\n".join(lines)
-
-
-_TENSOR_ORDER = ["Q", "K", "V", "S", "P", "m", "l", "O", "lse"]
-
-
-def _traffic(schedule, flops, exps, reads, writes) -> Traffic:
-    """A Traffic with zero entries dropped, so a model and a count compare equal."""
-    clean = lambda d: {k: int(v) for k, v in d.items() if v}  # noqa: E731
-    return Traffic(schedule, int(flops), int(exps), clean(reads), clean(writes))
-
-
-def traffic_of(schedule: str, stats) -> Traffic:
-    """The Traffic a kernel counted while it ran (a ``flash_numpy.TileStats``)."""
-    return _traffic(schedule, stats.flops, stats.exps, stats.reads, stats.writes)
 
 
 def _key_tile_ranges(mask: MaskSpec, block_q: int, block_k: int, skip: bool):
@@ -219,7 +161,7 @@ def attention_io(schedule: str, seqlen_q: int, seqlen_k: int | None = None, head
             flops = 2 * area * (d + dv)
         exps = area
     scale = lambda c: {k: v * bh for k, v in c.items()}  # noqa: E731
-    return _traffic(schedule, flops * bh, exps * bh, scale(reads), scale(writes))
+    return traffic(schedule, flops * bh, exps * bh, scale(reads), scale(writes))
 
 
 def naive_io(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", **options) -> Traffic:
@@ -260,7 +202,7 @@ def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal=False, *,
 def matmul_io(m: int, n: int, k: int, dtype="float32") -> Traffic:
     """C (m x n) = A (m x k) B (k x n), each matrix moved once: 2mnk FLOPs, (mk + kn + mn) elements."""
     b = sram.itemsize(dtype)
-    return _traffic("matmul", 2 * m * n * k, 0, {"A": m * k * b, "B": k * n * b}, {"C": m * n * b})
+    return traffic("matmul", 2 * m * n * k, 0, {"A": m * k * b, "B": k * n * b}, {"C": m * n * b})
 
 
 # -- the IO law: IO ~ c N^2 D^2 / M ----------------------------------------------------
@@ -417,11 +359,3 @@ MEASURED_NCU = [
          dram_bytes=654e6, l2_bytes=45e9, kind="measured", date="2026-12-01",
          source="ncu on the course's H200 (issue 13)"),
 ]
-
-
-def __getattr__(name):
-    """Old names: the counted kernel moved to ``course_lib.counted`` (imported lazily: it imports this module)."""
-    if name in ("run_counted", "Counted"):
-        from . import counted
-        return getattr(counted, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

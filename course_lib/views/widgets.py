@@ -28,7 +28,10 @@ from dataclasses import dataclass
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 
-from . import checks, counted, figstyle, iomodel, roofline, sram
+from .. import checks
+from ..kernels import counted
+from . import figstyle
+from ..models import iomodel, roofline, sram
 
 POWERS_OF_TWO_TILES = (16, 32, 64, 128, 256)
 HEAD_DIMS = (32, 64, 128, 256)
@@ -237,7 +240,7 @@ class TileSizeResult:
 @functools.lru_cache(maxsize=64)
 def _small_run(block_q, block_k, head_dim, dtype):
     """Run the counted FA2 kernel on a small problem with tails; return (Nq, Nk), error map, max, verdict."""
-    from . import api
+    from .. import api
 
     nq, nk = 2 * block_q + 5, 2 * block_k + 3  # two full tiles and a tail, in both directions
     rng = np.random.default_rng(0)

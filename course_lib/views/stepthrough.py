@@ -19,8 +19,8 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 from . import figstyle
-from .online_softmax import finalize, init_state, online_update, safe_softmax
-from .reference import safe_max
+from ..core.online_softmax import finalize, init_state, online_update, safe_softmax
+from ..core.reference import safe_max
 
 
 @dataclass

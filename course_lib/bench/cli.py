@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench
+from .. import bench
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "notebooks" / "records" / "bench.jsonl"
 GPU_SIZES = (1024, 4096, 16384, 32768)
 CPU_SIZES = (256, 1024)
@@ -112,7 +112,7 @@ def run(args) -> list:
     """Run every bucket over every impl that runs here; returns the records (also appended to args.out)."""
     from tqdm.auto import tqdm
 
-    from . import api
+    from .. import api
     on_gpu = gpu_here() and not args.cpu
     torch = torch_or_none()
     if torch is not None:
@@ -221,7 +221,7 @@ def callable_for(impl, b, arrays, on_gpu):
         if b["dtype"] != "float32":
             raise NotApplicable("chapter 10's kernel computes in float32 only")
         return cuda_call(b, arrays)
-    from . import api
+    from .. import api
     if impl == "naive" and b["Nq"] * b["Nk"] * b["B"] * b["H"] > 2 ** 28:
         raise NotApplicable("S would not fit in memory")
     return lambda: api.attention(q, k, v, impl=impl, causal=causal)
@@ -232,7 +232,7 @@ def cuda_call(b, arrays):
     import torch
     from numba import cuda
 
-    from .kernels import cuda_steps as cs
+    from ..kernels import cuda_steps as cs
     q, k, v = arrays
     B, H, Nq, Nk, D = b["B"], b["H"], b["Nq"], b["Nk"], b["D"]
     host = [np.empty(t.shape, np.float32) for t in (q, k, v)]
@@ -245,8 +245,8 @@ def cuda_call(b, arrays):
     def grab(q_, k_, v_, opts, mask):
         got["plan"] = cs.plan("tuned", q_, k_, v_, opts, mask, tiling=tiling, splits=splits)
         return np.zeros(1), np.zeros(1)
-    from . import api
-    api.call_forward(grab, *host, causal=b["causal"])
+    from ..core.options import call_forward
+    call_forward(grab, *host, causal=b["causal"])
     p = got["plan"]
     from dataclasses import replace
     p = replace(p, args=tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in p.args))
@@ -314,7 +314,7 @@ def plot_roofline(records, hw=None, ax=None):
     """
     import matplotlib.pyplot as plt
 
-    from . import roofline
+    from ..models import roofline
     device = next((r.get("device") for r in records if r.get("device")), None)
     hw = hw or preset_for(device)
     if ax is None:
@@ -371,7 +371,7 @@ def main(argv=None):
             plot_roofline(last).figure.savefig(args.plot, dpi=120, bbox_inches="tight")
         return 0
     if args.tuned:
-        from .kernels import cuda_steps as cs
+        from ..kernels import cuda_steps as cs
         for r in bench.load_records(args.tuned, benchmark="gpu_steps_tuned"):
             cs.TUNED[r["D"]] = cs.Tiling(**r["tiling"])
     t0 = time.perf_counter()

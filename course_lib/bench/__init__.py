@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import machine
 from . import envreport
-from .iomodel import attention_flops  # the one FLOP convention speeds are quoted in: visible pairs
+from ..models.iomodel import attention_flops  # the one FLOP convention speeds are quoted in: visible pairs
 
 
 def time_it(fn, *args, repeats=5, warmup=1, **kwargs) -> float:
@@ -92,13 +93,13 @@ def time_interleaved(calls: dict, *, repeats=5, warmup=1) -> dict:
 def environment() -> dict:
     """Where a measurement was taken: CPU, GPU (or none), versions, date and time."""
     facts = {
-        "cpu": envreport.cpu_model(),
-        "cpu_cores": envreport.cpu_cores(),
+        "cpu": machine.cpu_model(),
+        "cpu_cores": machine.cpu_cores(),
         "python": platform.python_version(),
         **{name: envreport.package_version(name) for name in ("numpy", "numba", "numba-cuda", "course_lib")},
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-    gpu = envreport.gpu()  # {"kind": "cuda" | "simulator" | "none", "name": ..., "driver_cuda": ...}
+    gpu = machine.gpu()  # {"kind": "cuda" | "simulator" | "none", "name": ..., "driver_cuda": ...}
     facts["gpu"] = gpu["name"] if gpu["kind"] == "cuda" else gpu["kind"]
     if "driver_cuda" in gpu:
         facts["gpu_driver"] = gpu["driver_cuda"]
@@ -184,9 +185,3 @@ def latest_run(records) -> list:
     last = records[-1]["run"]
     return [r for r in records if r["run"] == last]
 
-
-if __name__ == "__main__":  # python -m course_lib.bench: the shape buckets (course_lib.benchrun)
-    import sys
-
-    from .benchrun import main
-    sys.exit(main())

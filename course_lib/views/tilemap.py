@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .masks import EMPTY, FULL, PARTIAL, MaskSpec
+from ..core.masks import EMPTY, FULL, PARTIAL, MaskSpec
 
 COLOURS = {FULL: "#2b7bba", PARTIAL: "#f0a830", EMPTY: "#eeeeee"}
 

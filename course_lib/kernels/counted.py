@@ -27,13 +27,68 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import api
-from .iomodel import SCHEDULES, Traffic, traffic_of
-from .kernels.flash_numpy import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, LOOPS, Memory, TileStats, buffer_names,
-                                  precision)
-from .masks import EMPTY, FULL, tile_ranges
-from .online_softmax import finalize, init_state, online_update
-from .reference import lse_dtype, nan_lse_where_out_is_nan, safe_max, tile_scores
+from ..core.masks import EMPTY, FULL, tile_ranges
+from ..core.online_softmax import finalize, init_state, online_update
+from ..core.options import call_forward
+from ..core.reference import lse_dtype, nan_lse_where_out_is_nan, safe_max, tile_scores
+from .flash_numpy import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, LOOPS, Memory, TileStats, buffer_names, precision
+
+SCHEDULES = ("naive", "two_pass", "fa1", "fa2")
+
+
+# -- what a schedule moves ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Traffic:
+    """FLOPs, exponentials and bytes of one attention call, per tensor, between the chip and L2 + HBM."""
+
+    schedule: str
+    flops: int
+    exps: int
+    reads: dict  # tensor name -> bytes read into the chip (from L2 or HBM)
+    writes: dict  # tensor name -> bytes written out of the chip
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(self.reads.values())
+
+    @property
+    def write_bytes(self) -> int:
+        return sum(self.writes.values())
+
+    @property
+    def bytes(self) -> int:
+        """All traffic below the chip (the two-level count), reads plus writes."""
+        return self.read_bytes + self.write_bytes
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOP per byte of the two-level count."""
+        return self.flops / self.bytes if self.bytes else math.inf
+
+    def table(self) -> str:
+        """Per-tensor reads and writes as fixed-width text."""
+        names = sorted(set(self.reads) | set(self.writes), key=_TENSOR_ORDER.index)
+        lines = [f"{self.schedule}: {self.flops:,} FLOP, {self.bytes:,} B between chip and L2 + HBM, "
+                 f"intensity {self.intensity:.4g} FLOP/B",
+                 f"  {'tensor':<7}{'read B':>16}{'written B':>16}"]
+        for n in names:
+            lines.append(f"  {n:<7}{self.reads.get(n, 0):>16,}{self.writes.get(n, 0):>16,}")
+        return "\n".join(lines)
+
+
+_TENSOR_ORDER = ["Q", "K", "V", "S", "P", "m", "l", "O", "lse"]
+
+
+def traffic(schedule, flops, exps, reads, writes) -> Traffic:
+    """A Traffic with zero entries dropped, so a model and a count compare equal."""
+    clean = lambda d: {k: int(v) for k, v in d.items() if v}  # noqa: E731
+    return Traffic(schedule, int(flops), int(exps), clean(reads), clean(writes))
+
+
+def traffic_of(schedule: str, stats) -> Traffic:
+    """The Traffic a kernel counted while it ran (a ``flash_numpy.TileStats``)."""
+    return traffic(schedule, stats.flops, stats.exps, stats.reads, stats.writes)
 
 
 class HBM(Memory):
@@ -244,5 +299,5 @@ def run_counted(q, k, v, *, schedule: str = "fa2", block_q: int = DEFAULT_BLOCK_
                 out[one], lse[one] = o, l
         return out, lse
 
-    out, lse = api.call_forward(forward, q, k, v, return_lse=True, block_q=block_q, block_k=block_k, **options)
+    out, lse = call_forward(forward, q, k, v, return_lse=True, block_q=block_q, block_k=block_k, **options)
     return Counted(out, lse if return_lse else None, traffic_of(schedule, stats), sram.peak, sram.peak_buffers)
