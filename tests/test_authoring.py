@@ -22,7 +22,7 @@ def with_fake_outputs(nb):
     return nb
 
 
-def test_stub_replaces_exactly_the_marker_regions_keeping_their_indentation():
+def test_stub_replaces_exactly_the_marker_regions_indented():
     source = ("def f(x):\n"
               "    y = 1  # given\n"
               "    ### BEGIN SOLUTION\n"
@@ -60,7 +60,7 @@ def test_unpaired_or_misspelled_markers_raise_clear_errors(source, message):
     assert message in str(err.value) and "sol.ipynb: cell 3" in str(err.value)
 
 
-def test_the_exercise_keeps_ids_tags_metadata_and_every_other_output():
+def test_exercise_keeps_ids_tags_metadata_and_other_outputs():
     solution = with_fake_outputs(nf.synthetic_solution())
     exercise = make_exercise(solution, "solutions/90_synthetic.ipynb")
     assert [c.id for c in exercise.cells] == [c.id for c in solution.cells]
@@ -121,7 +121,7 @@ def test_a_setup_cell_of_plain_imports_is_accepted():
     make_exercise(nb, "solutions/90_synthetic.ipynb")
 
 
-def test_generating_twice_gives_the_same_bytes_ending_in_a_newline(tmp_path):
+def test_generating_twice_gives_the_same_bytes(tmp_path):
     root = nf.make_course(tmp_path, {nf.SYNTHETIC: with_fake_outputs(nf.synthetic_solution())}, execute=False)
     first = (root / "exercises" / f"{nf.SYNTHETIC}.ipynb").read_bytes()
     assert authoring.main(["--course-root", str(root)]) == 0
@@ -163,7 +163,7 @@ def test_a_broken_solution_fails_the_command_with_its_reason(tmp_path, capsys):
     assert "ex11-answer" in capsys.readouterr().err
 
 
-def test_execute_keeps_ids_and_outputs_and_gives_the_same_bytes_twice(tmp_path):
+def test_execute_keeps_ids_and_outputs_byte_for_byte(tmp_path):
     nb = nf.synthetic_solution()
     nb.cells.append(new_code_cell("import ipywidgets\nipywidgets.IntSlider(3)", id="widget"))
     path = nf.write(nb, tmp_path / f"{nf.SYNTHETIC}.ipynb")

@@ -250,7 +250,7 @@ EXPLORED = {"02_roofline.ipynb", "03_tiling_and_sram.ipynb", "06_masks.ipynb"}  
 
 
 @pytest.mark.parametrize("notebook", [n for n in LECTURES if n not in EXPLORED], ids=lambda n: n[:2])
-def test_a_lecture_opens_unmodified_and_runs_in_jupyterlab_without_errors(lab, notebook):
+def test_a_lecture_opens_unmodified_and_runs_without_errors(lab, notebook):
     url, _, log = lab
     with _page() as page:
         assert _open(page, url, notebook) is False, f"opening {notebook} marked it modified"
@@ -259,7 +259,7 @@ def test_a_lecture_opens_unmodified_and_runs_in_jupyterlab_without_errors(lab, n
     _check_report(notebook, report)
 
 
-def test_a_stored_exercise_shows_no_pass_under_its_unsolved_stubs(lab):
+def test_a_stored_exercise_shows_no_pass_under_its_stubs(lab):
     """A learner who opens a fresh exercise notebook must not see PASS before writing a line."""
     url, _, _ = lab
     with _page() as page:
@@ -285,7 +285,7 @@ def test_a_stored_exercise_shows_no_pass_under_its_unsolved_stubs(lab):
     assert not any("PASS" in text for text in shown["texts"]), [t for t in shown["texts"] if "PASS" in t]
 
 
-def test_chapter_03_runs_in_jupyterlab_and_its_tile_explorer_answers_a_slider(lab):
+def test_chapter_03_tile_explorer_answers_a_slider(lab):
     def move_br(page, explorer):
         explorer.locator(".control-block_q .noUi-handle").focus()
         page.keyboard.press("ArrowRight")  # Br: 64 -> 128
@@ -298,7 +298,7 @@ def test_chapter_03_runs_in_jupyterlab_and_its_tile_explorer_answers_a_slider(la
     assert fig_before and fig_after and fig_after != fig_before  # the figure was redrawn too
 
 
-def test_chapter_02_runs_in_jupyterlab_and_its_roofline_explorer_answers_a_dropdown(lab):
+def test_chapter_02_roofline_explorer_answers_a_dropdown(lab):
     def pick_l4(page, explorer):
         explorer.locator(".control-hardware select").select_option(label="NVIDIA L4")
 
@@ -309,7 +309,7 @@ def test_chapter_02_runs_in_jupyterlab_and_its_roofline_explorer_answers_a_dropd
     assert fig_before and fig_after and fig_after != fig_before
 
 
-def test_chapter_06_runs_in_jupyterlab_and_its_tile_map_explorer_redraws_when_a_slider_is_released(lab):
+def test_chapter_06_tile_map_redraws_when_a_slider_is_released(lab):
     def move_bc(page, explorer):
         explorer.locator(".widget-slider").nth(3).locator(".noUi-handle").focus()  # Nq, Nk, Br, Bc: Bc
         page.keyboard.press("ArrowLeft")  # Bc: 16 -> 15

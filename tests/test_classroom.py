@@ -285,7 +285,7 @@ def _probe(hub, name, kernel, targets):
     return json.loads(re.search(r"^PROBE (.*)$", out, re.M).group(1))
 
 
-def test_a_learner_logs_in_through_the_login_page_in_chromium_and_chapter_00_opens(hub):
+def test_a_learner_logs_in_in_chromium_and_chapter_00_opens(hub):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"browser part skipped: {CHROMIUM} not found (Debian's 'chromium'; .ci/run installs it)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="browser part skipped: playwright missing")

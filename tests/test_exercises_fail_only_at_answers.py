@@ -53,7 +53,7 @@ def assert_fails_only_at_answers(notebook: Path, records: Path):
 
 
 @pytest.mark.parametrize("notebook", REAL_EXERCISES, ids=lambda p: p.stem)
-def test_an_untouched_exercise_fails_only_at_its_answer_and_check_cells(notebook, tmp_path):
+def test_untouched_exercise_fails_only_at_answer_and_check_cells(notebook, tmp_path):
     assert_fails_only_at_answers(notebook, tmp_path / "records.jsonl")
 
 
@@ -63,7 +63,7 @@ def test_the_rule_holds_for_the_synthetic_exercise_set(tmp_path):
     assert_fails_only_at_answers(root / "exercises" / f"{nf.SYNTHETIC}.ipynb", tmp_path / "records.jsonl")
 
 
-def test_a_solved_exercise_passes_nbval_against_the_verdicts_its_check_cells_keep(tmp_path):
+def test_solved_exercise_passes_nbval_against_its_kept_verdicts(tmp_path):
     """The other half of nbval as a grader: the set's answers in, the kept verdicts as the expected outputs,
     and every cell passes.  (The exercise shows no verdict; its check cells keep them in
     metadata.course.expected_outputs, the solution's own passing output.)"""

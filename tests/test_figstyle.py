@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 LECTURES_WITH_FIGURES = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name.startswith("00_"))
 
 
-def test_an_inline_figure_is_drawn_at_1_6x_and_shown_at_its_figsize():
+def test_inline_figure_is_drawn_at_1_6x_shown_at_its_figsize():
     with figstyle.context():
         fig, ax = plt.subplots(figsize=(5, 2))
         ax.plot([0, 1], [0, 1])
@@ -61,7 +61,7 @@ def test_every_lecture_applies_the_style_in_its_setup_cell(path):
     assert "figstyle.use()" in setup, f"{path.name}: its first code cell should call figstyle.use()"
 
 
-def test_a_stored_widget_figure_is_shown_at_its_figsize_like_the_lectures():
+def test_stored_widget_figure_is_shown_at_its_figsize():
     box = widgets.tile_size_explorer()
     data, metadata = box._repr_mimebundle_()
     width, _ = figstyle.png_size(box.image.value)

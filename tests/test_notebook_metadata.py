@@ -29,7 +29,7 @@ def test_the_stored_kernelspec_is_the_one_make_lab_registers(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_no_stored_output_is_a_widget_reference_that_cannot_render(path):
+def test_no_stored_output_is_an_unrenderable_widget_reference(path):
     """No widget state is stored, so a stored widget reference shows "Error displaying widget: model not
     found" in JupyterLab (and its repr text on GitHub): the course's widgets store their figure instead."""
     nb = json.loads(path.read_text())
@@ -38,7 +38,7 @@ def test_no_stored_output_is_a_widget_reference_that_cannot_render(path):
     assert views == []
 
 
-def test_a_widget_output_keeps_its_figure_and_loses_the_reference_it_cannot_render():
+def test_widget_output_keeps_its_figure_not_its_reference():
     from course_lib.grading.authoring import WIDGET_VIEW, strip_widget_views
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
@@ -55,7 +55,7 @@ NOT_THE_LEARNERS = re.compile(r"\b(?:shared/|GPU\.md|DESIGN\.md|STYLE\.md)|\biss
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_no_notebook_points_the_learner_at_a_file_or_an_issue_they_do_not_have(path):
+def test_no_notebook_names_a_developer_file_or_issue(path):
     nb = json.loads(path.read_text())
     texts = [(cell["id"], "".join(cell["source"])) for cell in nb["cells"]]
     texts += [(cell["id"], json.dumps(out)) for cell in nb["cells"] for out in cell.get("outputs", [])]

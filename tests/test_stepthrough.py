@@ -63,7 +63,7 @@ def test_a_fully_masked_row_stays_empty_without_nan():
     stepthrough.draw_step(trace, trace.Tc)  # draws without error
 
 
-def test_draw_step_draws_the_scores_and_the_three_running_quantities():
+def test_draw_step_draws_scores_and_the_running_quantities():
     trace = stepthrough.demo_trace()
     fig = stepthrough.draw_step(trace, 3)
     titles = [ax.get_title() for ax in fig.axes]
@@ -81,7 +81,7 @@ def test_draw_step_refuses_a_step_outside_the_tiles(step):
         stepthrough.draw_step(stepthrough.demo_trace(), step)
 
 
-def test_the_widget_slides_over_every_step_and_draws_the_static_figure():
+def test_widget_slides_over_every_step_like_the_static_figure():
     trace = stepthrough.demo_trace()
     widget = stepthrough.stepthrough_widget(trace)
     slider = widget.slider
