@@ -1,7 +1,6 @@
 """``python -m course_lib.authoring``: write exercises/ from solutions/ (code in course_lib/grading/)."""
 import sys
 
-from .grading.authoring import *  # noqa: F401,F403  (the names people import from here)
 from .grading.authoring import main
 
 if __name__ == "__main__":
