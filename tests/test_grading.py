@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nbformat.v4 import new_code_cell, new_output
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 import notebook_factory as nf
 from course_lib import checks
@@ -745,3 +745,50 @@ def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
         session.exec(["import numpy as np"], timeout=60)
         assert session.exec([cell], timeout=120) == {"twice": "callable", "njit": "callable", "prange": "callable"}
         assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+# -- what may cross from the answers into a check ------------------------------------------------
+
+BUILTINS_SET = "91_builtins"
+SHADOWED = ("range = lambda *args: []\nlen = lambda x: 0\nmin = lambda *args: 0.0\nfloat = lambda x=0: 0.0\n"
+            "TypeError = ValueError\nint = lambda x=0: 0\n")
+
+
+def _builtins_solution():
+    """One exercise whose check reads builtins: range, len, min and float decide its verdict."""
+    def meta(tags, **course):
+        return {"tags": tags, "course": dict(course, exercise="1.1")}
+
+    return new_notebook(cells=[
+        new_markdown_cell("# Squares\nWrite `squares(xs)`: the square of each number.", id="title"),
+        new_code_cell("import numpy as np\nfrom course_lib import checks", id="setup"),
+        new_code_cell("def squares(xs):\n    ### BEGIN SOLUTION\n    return [x * x for x in xs]\n    ### END SOLUTION",
+                      id="ex11-answer", metadata=meta(["answer", "nbval-ignore-output"])),
+        new_code_cell("cases = [3, 1, 4, 1, 5]\n"
+                      "expected = [float(c * c) for c in cases]\n"
+                      "got = [float(v) for v in squares(cases)]\n"
+                      'checks.check_value("1.1 how many squares", len(got), len(expected), rtol=0)\n'
+                      "for i in range(len(expected)):\n"
+                      '    checks.check_value(f"1.1 square {i}", got[i], expected[i])\n'
+                      'checks.check_value("1.1 the smallest", min(got), min(expected))',
+                      id="ex11-check", metadata=meta(["check"], points=2)),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                 "course": {"chapter": "91", "kind": "solution", "exercise_set": BUILTINS_SET}})
+
+
+def test_an_answer_that_defines_builtins_does_not_change_the_checks_builtins(tmp_path_factory):
+    """A check reads range, len, min and float from the grader's builtins, whatever the answer binds:
+    only the names an exercise asks for cross from the sandbox (here `squares`)."""
+    root = nf.make_course(tmp_path_factory.mktemp("builtins"), {BUILTINS_SET: _builtins_solution()})
+    solution = nf.read(root / "solutions" / f"{BUILTINS_SET}.ipynb")
+    shadowing = copy.deepcopy(solution)
+    _set_answer(shadowing, "1.1", SHADOWED + "def squares(xs):\n    return []")
+    honest = copy.deepcopy(solution)  # an answer's own helpers named like builtins are its own business
+    _set_answer(honest, "1.1", "def len(xs):\n    return sum(1 for _ in xs)\n"
+                               "def squares(xs):\n    return [x * x for x in xs[:len(xs)]]")
+    folder = tmp_path_factory.mktemp("builtins-submissions")
+    paths = [nf.write(nb, folder / f"{name}.ipynb")
+             for name, nb in (("solution", solution), ("shadowing", shadowing), ("honest", honest))]
+    results = pipeline.grade_all(paths, Course(root), pipeline.Options(timeout=TIMEOUT), jobs=2)
+    assert [r.rows[0].status for r in results] == ["pass", "fail", "pass"], \
+        "\n".join(cli.format_result(r) for r in results)

@@ -96,3 +96,14 @@ def test_the_grader_skips_only_course_cells_no_check_depends_on():
         "answer:def f(x):\n    return x",
         "check:assert f(rng.standard_normal(1)).shape == (1,) and cases and limit")
     assert names.needed_cells(nb) == {"c0", "c2", "c3", "c4", "c7"}
+
+
+def test_a_check_asks_the_answers_only_for_names_it_reads_that_are_no_builtin_and_not_the_courses():
+    nb = _cells("import numpy as np\nfrom course_lib import checks\ncases = [1, 2]",
+                "answer:def squares(xs):\n    return xs",
+                "check:expected = [float(c) for c in range(len(cases))]\n"
+                "try:\n    got = squares(cases)\nexcept TypeError:\n    got = min(cases)\n"
+                "checks.check_value('x', int(got[0]), n_bytes, rtol=__tolerance__)\n"
+                "def inner(v):\n    return isinstance(v, dict) and limit")
+    check = nb.cells[-1].source
+    assert names.asked_names(check, names.course_names(nb)) == {"squares", "n_bytes", "limit"}

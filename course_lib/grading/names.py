@@ -1,9 +1,11 @@
-"""What the course's cells do with names, read from their text: one analysis, three uses.
+"""What the course's cells do with names, read from their text: one analysis, four uses.
 
 ``cell_names`` reads a cell once and says which names it binds and reads.  From that:
 
 - ``course_names``: every name the course's own cells bind, which an answer never
   replaces in a check;
+- ``asked_names``: the names a check takes from the answers: the globals it reads that no course
+  cell binds and that are no builtin, which is what its exercise asks the learner to define;
 - ``needed_cells``: the course cells the checks depend on (the others, demonstrations
   and timings, are skipped when grading);
 - ``sandbox_setup``: what the sandbox runs before the answers (the ``setup`` cells, or
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 from dataclasses import dataclass, field
 
 from .submission import tags
@@ -23,14 +26,13 @@ class Names:
     """The names one cell binds and reads.
 
     ``bound``, ``free``, ``imported`` and ``defined`` are the cell's top level, in the order
-    Python evaluates it (a function body's reads count where it is defined); ``bound_anywhere``
-    and ``read`` count nested scopes too.  An unreadable cell reads ``*``: everything."""
+    Python evaluates it (a function body's reads of globals count where it is defined);
+    ``bound_anywhere`` counts nested scopes too.  An unreadable cell reads ``*``: everything."""
     bound: set = field(default_factory=set)           # assigned, imported or defined at the top level
     free: set = field(default_factory=set)            # read before the cell binds them
     imported: set = field(default_factory=set)
     defined: set = field(default_factory=set)         # functions and classes
     bound_anywhere: set = field(default_factory=set)  # assignments, defs, imports, loop targets, global
-    read: set = field(default_factory=set)            # every name loaded anywhere
 
 
 class _Flow(ast.NodeVisitor):
@@ -119,8 +121,8 @@ def cell_names(source) -> Names:
     names = Names()
     _Flow(names).visit(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (names.read if isinstance(node.ctx, ast.Load) else names.bound_anywhere).add(node.id)
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.bound_anywhere.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.bound_anywhere.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -138,6 +140,15 @@ def course_cells(pristine) -> list:
 def course_names(pristine) -> set:
     """Every name the course's own cells bind anywhere: an answer never replaces one of them."""
     return set().union(*(cell_names(c.source).bound_anywhere for c in course_cells(pristine)))
+
+
+def asked_names(check_source, course_bound) -> set:
+    """The names the check cell ``check_source`` takes from the answers: the globals it reads
+    (not its functions' own arguments and locals) that no course cell binds (``course_bound``),
+    no builtin and no ``__dunder__``.  An answer that binds ``range``, ``len`` or ``float`` keeps
+    them to itself; the check's are Python's."""
+    return {name for name in cell_names(check_source).free - course_bound
+            if not hasattr(builtins, name) and not (name.startswith("__") and name.endswith("__"))}
 
 
 def needed_cells(pristine) -> set:

@@ -14,12 +14,15 @@ What it does, and why:
   has no network, runs as an unprivileged user in its own process namespace,
   with limits on memory, CPU time, processes and file size.
 - The check cells run here, in the grader's process, exactly as the learner
-  saw them.  When a check calls a name an answer defined, the call crosses to
-  the sandbox with the check's inputs as plain data (``session.py``), and only
-  plain data comes back (``wire.py``: numbers, strings, numpy arrays of number
-  dtypes, tuples, lists and dicts of them; nothing pickled), and
-  ``course_lib.checks`` compares it here.  Nothing else the sandbox says is
-  believed: no pid, no status, no record of its own.
+  saw them.  Only the names a check asks for cross from the answers
+  (``names.py``: those it reads that no course cell binds and that are no
+  builtin, so an answer's ``range`` or ``float`` stays its own).  When a check
+  calls a name an answer defined, the call crosses to the sandbox with the
+  check's inputs as plain data (``session.py``), and only plain data comes back
+  (``wire.py``: numbers, strings, numpy arrays of number dtypes, tuples, lists
+  and dicts of them; nothing pickled), and ``course_lib.checks`` compares it
+  here.  Nothing else the sandbox says is believed: no pid, no status, no
+  record of its own.
 - A check that hands an answer's ``@cuda.jit`` kernel to ``cudacheck.check``
   (set 09) gets it from the answer cell's text, not from the sandbox:
   ``kernels.py`` keeps the cell's kernels and constants, holds them to the kernel
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import sandbox
-from .names import cell_names, course_cells, course_names, needed_cells
+from .names import asked_names, course_cells, course_names, needed_cells
 from .session import Run, Stop, answer_outcome, from_answer, one_line
 from .submission import Course, Invalid, exercises_of, find_tampering, load_submission, match_cells, source_text
 from .worker import plain_python
@@ -162,7 +165,7 @@ def _check(run, source, namespace, course_bound, timeout):
     out = io.StringIO()
     try:
         run.restart()
-        run.inject(namespace, course_bound, cell_names(source).read)
+        run.inject(namespace, asked_names(source, course_bound))
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
             exec(compile(plain_python(source), "<check cell>", "exec"), namespace)
     except Stop as stop:

@@ -262,16 +262,16 @@ class Run:
                 raise
             raise Stop("error", f"{name} is {from_answer(exc).get('message', '')}") from None
 
-    def inject(self, namespace, course_names, wanted):
-        """Put what the answers defined, the course does not, and the check reads into its namespace."""
+    def inject(self, namespace, asked):
+        """Put into a check's namespace what the answers defined of the names it ``asked`` for
+        (``names.asked_names``): nothing else of the sandbox reaches a check."""
         for name, found in self.kernels.items():
-            if name not in course_names and name in wanted:
+            if name in asked:
                 namespace[name] = KernelAnswer(self, name, found.problems[name] or [
                     problem for other in found.problems.values() for problem in other], name in found.unfinished)
         for name, kind in self.names.items():
-            if name in course_names or name not in wanted or name in self.kernels:
-                continue
-            namespace[name] = AnswerProxy(self, name) if kind == "callable" else self.get(name)
+            if name in asked and name not in self.kernels:
+                namespace[name] = AnswerProxy(self, name) if kind == "callable" else self.get(name)
 
     # -- the kernel sandbox ------------------------------------------------------------------
 
