@@ -1,7 +1,7 @@
 """``python -m course_lib.grade SUBMISSION.ipynb...``: score submissions (code in course_lib/grading/)."""
 import sys
 
-from .grading.grade import main
+from .grading.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nbformat.v4 import new_code_cell, new_output
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 import notebook_factory as nf
 from course_lib import checks
-from course_lib.grading import grade, sandbox
+from course_lib.grading import cli, pipeline, sandbox
+from course_lib.grading.submission import Course
 
 REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
 TIMEOUT = 5  # seconds per exercise's answer cells, and again per check
@@ -143,7 +144,7 @@ def _submissions(course: Path, folder: Path, victim_pid: int) -> dict:
     cut_short.outputs[0]["text"] = "PASS 1.2 soft"  # the kernel died mid-print
     subs["noisy"] = noisy
 
-    # honest code that a static scan used to call tampering
+    # honest code that a static scan would call tampering
     subs["honest_odd"] = _solution_with(course, {
         "1.1": "import os\nrng = np.random.default_rng(0)\nnoise = rng.standard_normal(3)\n"
                "def scores(q, k):\n    return q @ k.T\nif __name__ == '__main__':\n    assert vars(np.random)",
@@ -240,7 +241,7 @@ def batch(course, tmp_path_factory):
     out_csv = folder / "grades.csv"
     try:
         listed = list(paths.values()) + [paths["solution"]]  # a path given twice is graded once
-        results = grade.grade_all(listed, grade.Course(course), grade.Options(timeout=TIMEOUT), jobs=2)
+        results = pipeline.grade_all(listed, Course(course), pipeline.Options(timeout=TIMEOUT), jobs=2)
         time.sleep(0.5)
         survivors = _left_running()
         victim_alive = victim.poll() is None
@@ -250,7 +251,7 @@ def batch(course, tmp_path_factory):
         for pid in _left_running():
             os.kill(pid, signal.SIGKILL)
     after = _tree_digest(folder, *watched)
-    grade.write_csv(results, out_csv)
+    cli.write_csv(results, out_csv)
     by_name = {name: result for name, result in zip(paths, results)}
     return {"results": by_name, "all": results, "paths": paths, "csv": out_csv, "before": before, "after": after,
             "site": (site_before, sorted(os.listdir(site))), "survivors": survivors, "victim_alive": victim_alive}
@@ -349,7 +350,7 @@ def test_files_that_are_not_notebooks_of_this_course_are_invalid(batch, name):
 
 
 def test_an_unreadable_file_gets_a_row_per_exercise_so_class_totals_stay_right(batch, course):
-    rows = grade.expand_unknown(batch["all"], grade.Course(course), nf.SYNTHETIC)
+    rows = pipeline.expand_unknown(batch["all"], Course(course), nf.SYNTHETIC)
     broken = rows[list(batch["paths"]).index("not_json")]
     assert [(r.exercise, r.status, r.points, r.max_points) for r in broken.rows] == [
         ("1.1", "invalid", 0, 2), ("1.2", "invalid", 0, 3), ("1.3", "invalid", 0, 1)]
@@ -364,7 +365,7 @@ def test_malformed_cells_never_crash_the_grader(course, tmp_path, cells):
     path = tmp_path / "odd.ipynb"
     path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": cells,
                                 "metadata": {"course": {"exercise_set": nf.SYNTHETIC}}}))
-    result = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT))
+    result = pipeline.grade(path, Course(course), pipeline.Options(timeout=TIMEOUT))
     assert result.total[0] == 0 and {r.status for r in result.rows} <= {"invalid", "error", "fail"}
 
 
@@ -378,8 +379,8 @@ def test_an_attack_scores_no_pass(batch, name):
     rows = batch["results"]["attack_" + name].rows
     attacked = attacks(Path("/nonexistent"), 0)[name]
     assert [r.status for r in rows if r.exercise in attacked and r.status == "pass"] == [], \
-        grade.format_result(batch["results"]["attack_" + name])
-    assert all(r.status != "pass" for r in rows), grade.format_result(batch["results"]["attack_" + name])
+        cli.format_result(batch["results"]["attack_" + name])
+    assert all(r.status != "pass" for r in rows), cli.format_result(batch["results"]["attack_" + name])
 
 
 def test_attacks_change_no_file_outside_their_sandbox(batch):
@@ -428,9 +429,9 @@ def test_the_csv_has_one_row_per_exercise_with_a_reason_column(batch):
 
 
 def test_the_table_is_plain_deterministic_text(batch):
-    text = grade.format_result(batch["results"]["partial"])
+    text = cli.format_result(batch["results"]["partial"])
     assert text.splitlines()[1].split() == ["exercise", "status", "points", "reason"]
-    assert "0x" not in text and text == grade.format_result(batch["results"]["partial"])
+    assert "0x" not in text and text == cli.format_result(batch["results"]["partial"])
     assert text.splitlines()[-1].split() == ["total", "2", "/", "6"]
 
 
@@ -439,7 +440,7 @@ def test_the_command_line_grades_several_submissions_into_one_csv(course, tmp_pa
     bad = tmp_path / "bad.ipynb"
     bad.write_text("{}")
     out = tmp_path / "grades.csv"
-    assert grade.main([str(bad), str(exercise), str(bad), "--csv", str(out),
+    assert cli.main([str(bad), str(exercise), str(bad), "--csv", str(out),
                        "--course-root", str(course), "--timeout", str(TIMEOUT)]) == 0
     text = capsys.readouterr().out
     assert text.count("invalid") == 3 and "graded 2 submissions: 0 / 12 points in all" in text
@@ -449,16 +450,16 @@ def test_the_command_line_grades_several_submissions_into_one_csv(course, tmp_pa
 def test_without_a_sandbox_others_submissions_are_refused_unless_trusted(course, tmp_path, capsys, monkeypatch):
     solution = course / "solutions" / f"{nf.SYNTHETIC}.ipynb"
     monkeypatch.setattr(sandbox, "available", lambda: False)
-    assert grade.main([str(solution), "--course-root", str(course)]) == 2
+    assert cli.main([str(solution), "--course-root", str(course)]) == 2
     err = capsys.readouterr().err
     assert "no sandbox" in err and "apt-get install bubblewrap" in err and "--trusted" in err
-    assert grade.main([str(solution), "--course-root", str(course), "--trusted"]) == 0
+    assert cli.main([str(solution), "--course-root", str(course), "--trusted"]) == 0
     assert "6 / 6 points" in capsys.readouterr().out
 
 
 def test_help_explains_the_statuses(capsys):
     with pytest.raises(SystemExit) as exit:
-        grade.main(["--help"])
+        cli.main(["--help"])
     assert exit.value.code == 0
     text = capsys.readouterr().out
     for word in ("--csv", "--timeout", "--trusted", "--course-root", "sandbox", "tampered", "invalid", "never modified"):
@@ -468,7 +469,7 @@ def test_help_explains_the_statuses(capsys):
 @pytest.mark.parametrize("argv", [[], ["x.ipynb", "--timeout", "0"], ["x.ipynb", "--course-root", "/nonexistent"]])
 def test_usage_errors_exit_nonzero(argv, capsys):
     with pytest.raises(SystemExit) as exit:
-        grade.main(argv)
+        cli.main(argv)
     assert exit.value.code == 2
 
 
@@ -506,7 +507,7 @@ def test_the_learners_check_and_the_grader_agree(course, tmp_path):
     paths = {}
     for label, (answer, _) in AGREEMENT.items():
         paths[label] = nf.write(_solution_with(course, {"1.1": answer}), tmp_path / f"{label.replace(' ', '_')}.ipynb")
-    results = grade.grade_all(paths.values(), grade.Course(course), grade.Options(timeout=TIMEOUT), jobs=2)
+    results = pipeline.grade_all(paths.values(), Course(course), pipeline.Options(timeout=TIMEOUT), jobs=2)
     for (label, (answer, passes)), result in zip(AGREEMENT.items(), results):
         graded = result.rows[0].status == "pass"
         assert _in_kernel(course, answer) == graded == passes, (label, result.rows[0])
@@ -540,7 +541,7 @@ def real_sets(tmp_path_factory):
         subs[(path.stem, "untouched")] = nf.write(exercise, folder / f"{path.stem}-untouched.ipynb")
         subs[(path.stem, "partial")] = nf.write(nf.with_answers(exercise, solution, names[:1]),
                                                 folder / f"{path.stem}-partial.ipynb")
-    results = grade.grade_all(subs.values(), grade.Course(nf.REPO), grade.Options(timeout=300), jobs=2)
+    results = pipeline.grade_all(subs.values(), Course(nf.REPO), pipeline.Options(timeout=300), jobs=2)
     return dict(zip(subs, results)), meta
 
 
@@ -550,9 +551,9 @@ def test_real_solution_scores_full_marks_untouched_zero_and_a_partial_exactly_it
     names, points = meta[path.stem]
     solution, untouched, partial = (results[(path.stem, kind)] for kind in ("solution", "untouched", "partial"))
     total = sum(points.values())
-    assert solution.total == (total, total), grade.format_result(solution)
-    assert untouched.total == (0, total) and {r.status for r in untouched.rows} == {"fail"}, grade.format_result(untouched)
-    assert [r.status for r in partial.rows] == ["pass"] + ["fail"] * (len(names) - 1), grade.format_result(partial)
+    assert solution.total == (total, total), cli.format_result(solution)
+    assert untouched.total == (0, total) and {r.status for r in untouched.rows} == {"fail"}, cli.format_result(untouched)
+    assert [r.status for r in partial.rows] == ["pass"] + ["fail"] * (len(names) - 1), cli.format_result(partial)
     assert partial.total == (points[names[0]], total)
 
 
@@ -620,7 +621,7 @@ def wrong_algorithms(tmp_path_factory):
                 assert source != cell.source
             cell.source = source
             paths[(stem, name)] = nf.write(nb, folder / f"{stem}-{name}.ipynb")
-    results = grade.grade_all(paths.values(), grade.Course(nf.REPO), grade.Options(timeout=300), jobs=2)
+    results = pipeline.grade_all(paths.values(), Course(nf.REPO), pipeline.Options(timeout=300), jobs=2)
     return dict(zip(paths, results))
 
 
@@ -628,8 +629,8 @@ def wrong_algorithms(tmp_path_factory):
 def test_a_right_output_by_the_wrong_algorithm_does_not_pass(wrong_algorithms, stem, name):
     result = wrong_algorithms[(stem, name)]
     rows = {r.exercise: r for r in result.rows}
-    assert rows[name].status in ("fail", "error"), grade.format_result(result)
-    assert all(r.status == "pass" for n, r in rows.items() if n != name), grade.format_result(result)
+    assert rows[name].status in ("fail", "error"), cli.format_result(result)
+    assert all(r.status == "pass" for n, r in rows.items() if n != name), cli.format_result(result)
 
 
 def test_a_float64_answer_to_a_float32_case_passes_in_the_notebook_and_in_the_grader(tmp_path):
@@ -646,8 +647,8 @@ def test_a_float64_answer_to_a_float32_case_passes_in_the_notebook_and_in_the_gr
                 break
     nb = copy.deepcopy(exercise)
     _set_answer(nb, "1.1", answer)
-    result = grade.grade(nf.write(nb, tmp_path / "float64.ipynb"), grade.Course(nf.REPO), grade.Options(timeout=60))
-    assert result.rows[0].status == "pass", grade.format_result(result)
+    result = pipeline.grade(nf.write(nb, tmp_path / "float64.ipynb"), Course(nf.REPO), pipeline.Options(timeout=60))
+    assert result.rows[0].status == "pass", cli.format_result(result)
 
 
 PROBE = """import os, socket, sys
@@ -692,17 +693,17 @@ def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inpu
     q, k = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
     table = f"TABLE = np.array({(q @ k.T).tolist()!r})\ndef scores(q, k):\n    return TABLE"
     path = nf.write(_solution_with(course, {"1.1": table}), tmp_path / "table.ipynb")
-    same = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT))
-    fresh = grade.grade(path, grade.Course(course), grade.Options(timeout=TIMEOUT, fresh_inputs=12345))
+    same = pipeline.grade(path, Course(course), pipeline.Options(timeout=TIMEOUT))
+    fresh = pipeline.grade(path, Course(course), pipeline.Options(timeout=TIMEOUT, fresh_inputs=12345))
     assert same.rows[0].status == "pass" and fresh.rows[0].status == "fail"
     assert [r.status for r in fresh.rows[1:]] == ["pass", "pass"]
 
 
 @pytest.mark.parametrize("salt", [7919])  # 30 salts were tried by hand: every solution full marks
 def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
-    results = grade.grade_all(REAL_SOLUTIONS, grade.Course(nf.REPO), grade.Options(timeout=300, fresh_inputs=salt), jobs=2)
+    results = pipeline.grade_all(REAL_SOLUTIONS, Course(nf.REPO), pipeline.Options(timeout=300, fresh_inputs=salt), jobs=2)
     for result in results:
-        assert result.total[0] == result.total[1], grade.format_result(result)
+        assert result.total[0] == result.total[1], cli.format_result(result)
 
 
 def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_path):
@@ -730,9 +731,9 @@ def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_pat
     nb = copy.deepcopy(exercise)
     _set_answer(nb, "1.5", answer)
     path = nf.write(nb, tmp_path / "table.ipynb")
-    course = grade.Course(nf.REPO)
-    same = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60)).rows}
-    fresh = {r.exercise: r.status for r in grade.grade(path, course, grade.Options(timeout=60, fresh_inputs=99)).rows}
+    course = Course(nf.REPO)
+    same = {r.exercise: r.status for r in pipeline.grade(path, course, pipeline.Options(timeout=60)).rows}
+    fresh = {r.exercise: r.status for r in pipeline.grade(path, course, pipeline.Options(timeout=60, fresh_inputs=99)).rows}
     assert same["1.5"] == "pass" and fresh["1.5"] == "error"  # a KeyError: the table has no such case
 
 
@@ -744,3 +745,50 @@ def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
         session.exec(["import numpy as np"], timeout=60)
         assert session.exec([cell], timeout=120) == {"twice": "callable", "njit": "callable", "prange": "callable"}
         assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+# -- what may cross from the answers into a check ------------------------------------------------
+
+BUILTINS_SET = "91_builtins"
+SHADOWED = ("range = lambda *args: []\nlen = lambda x: 0\nmin = lambda *args: 0.0\nfloat = lambda x=0: 0.0\n"
+            "TypeError = ValueError\nint = lambda x=0: 0\n")
+
+
+def _builtins_solution():
+    """One exercise whose check reads builtins: range, len, min and float decide its verdict."""
+    def meta(tags, **course):
+        return {"tags": tags, "course": dict(course, exercise="1.1")}
+
+    return new_notebook(cells=[
+        new_markdown_cell("# Squares\nWrite `squares(xs)`: the square of each number.", id="title"),
+        new_code_cell("import numpy as np\nfrom course_lib import checks", id="setup"),
+        new_code_cell("def squares(xs):\n    ### BEGIN SOLUTION\n    return [x * x for x in xs]\n    ### END SOLUTION",
+                      id="ex11-answer", metadata=meta(["answer", "nbval-ignore-output"])),
+        new_code_cell("cases = [3, 1, 4, 1, 5]\n"
+                      "expected = [float(c * c) for c in cases]\n"
+                      "got = [float(v) for v in squares(cases)]\n"
+                      'checks.check_value("1.1 how many squares", len(got), len(expected), rtol=0)\n'
+                      "for i in range(len(expected)):\n"
+                      '    checks.check_value(f"1.1 square {i}", got[i], expected[i])\n'
+                      'checks.check_value("1.1 the smallest", min(got), min(expected))',
+                      id="ex11-check", metadata=meta(["check"], points=2)),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                 "course": {"chapter": "91", "kind": "solution", "exercise_set": BUILTINS_SET}})
+
+
+def test_an_answer_that_defines_builtins_does_not_change_the_checks_builtins(tmp_path_factory):
+    """A check reads range, len, min and float from the grader's builtins, whatever the answer binds:
+    only the names an exercise asks for cross from the sandbox (here `squares`)."""
+    root = nf.make_course(tmp_path_factory.mktemp("builtins"), {BUILTINS_SET: _builtins_solution()})
+    solution = nf.read(root / "solutions" / f"{BUILTINS_SET}.ipynb")
+    shadowing = copy.deepcopy(solution)
+    _set_answer(shadowing, "1.1", SHADOWED + "def squares(xs):\n    return []")
+    honest = copy.deepcopy(solution)  # an answer's own helpers named like builtins are its own business
+    _set_answer(honest, "1.1", "def len(xs):\n    return sum(1 for _ in xs)\n"
+                               "def squares(xs):\n    return [x * x for x in xs[:len(xs)]]")
+    folder = tmp_path_factory.mktemp("builtins-submissions")
+    paths = [nf.write(nb, folder / f"{name}.ipynb")
+             for name, nb in (("solution", solution), ("shadowing", shadowing), ("honest", honest))]
+    results = pipeline.grade_all(paths, Course(root), pipeline.Options(timeout=TIMEOUT), jobs=2)
+    assert [r.rows[0].status for r in results] == ["pass", "fail", "pass"], \
+        "\n".join(cli.format_result(r) for r in results)

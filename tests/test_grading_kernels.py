@@ -13,7 +13,8 @@ import pytest
 
 import notebook_factory as nf
 from course_lib import checks, cudacheck
-from course_lib.grading import grade, kernels, sandbox
+from course_lib.grading import kernels, pipeline, sandbox
+from course_lib.grading.submission import Course
 
 SOLUTION = nf.REPO / "solutions" / "09_numba_cuda.ipynb"
 
@@ -77,7 +78,7 @@ def graded(tmp_path_factory):
         for exercise, source in answers.items():
             nf.cells(nb, "answer", exercise)[0].source = source
         paths[name] = nf.write(nb, folder / f"{name}.ipynb")
-    results = grade.grade_all(paths.values(), grade.Course(nf.REPO), grade.Options(timeout=20), jobs=2)
+    results = pipeline.grade_all(paths.values(), Course(nf.REPO), pipeline.Options(timeout=20), jobs=2)
     return {name: {r.exercise: r for r in result.rows} for name, result in zip(paths, results)}, planted
 
 

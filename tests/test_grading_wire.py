@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from course_lib.grading import grade, wire
+from course_lib.grading import names, wire
 
 
 def roundtrip(value):
@@ -70,9 +70,9 @@ def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports():
         new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.models.iomodel\nrng = 1",
                       id="a"),
         new_code_cell("x = 1", id="b", metadata={"tags": ["answer"], "course": {"exercise": "1.1"}})])
-    assert grade.sandbox_setup(plain) == ["import math\nimport numpy as np"]
+    assert names.sandbox_setup(plain) == ["import math\nimport numpy as np"]
     tagged = new_notebook(cells=[new_code_cell("import numpy as np", id="s", metadata={"tags": ["setup"]})] + plain.cells)
-    assert grade.sandbox_setup(tagged) == ["import numpy as np"]
+    assert names.sandbox_setup(tagged) == ["import numpy as np"]
 
 
 def _cells(*sources):
@@ -95,4 +95,15 @@ def test_the_grader_skips_only_course_cells_no_check_depends_on():
         "unused = [x for x in range(3)]\n(y := unused)",   # c5: nothing reads it
         "answer:def f(x):\n    return x",
         "check:assert f(rng.standard_normal(1)).shape == (1,) and cases and limit")
-    assert grade.needed_cells(nb) == {"c0", "c2", "c3", "c4", "c7"}
+    assert names.needed_cells(nb) == {"c0", "c2", "c3", "c4", "c7"}
+
+
+def test_a_check_asks_the_answers_only_for_names_it_reads_that_are_no_builtin_and_not_the_courses():
+    nb = _cells("import numpy as np\nfrom course_lib import checks\ncases = [1, 2]",
+                "answer:def squares(xs):\n    return xs",
+                "check:expected = [float(c) for c in range(len(cases))]\n"
+                "try:\n    got = squares(cases)\nexcept TypeError:\n    got = min(cases)\n"
+                "checks.check_value('x', int(got[0]), n_bytes, rtol=__tolerance__)\n"
+                "def inner(v):\n    return isinstance(v, dict) and limit")
+    check = nb.cells[-1].source
+    assert names.asked_names(check, names.course_names(nb)) == {"squares", "n_bytes", "limit"}

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import wire
+
 # What a kernel may name besides its arguments, its locals and its cell's constants and kernels
 NUMBA_TYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
                "uint8", "uint16", "uint32", "uint64", "boolean")
@@ -266,35 +268,6 @@ def require_gradable(kernel) -> None:
 
 # -- the grader's side of a kernel ------------------------------------------------------------
 
-class KernelAnswer:
-    """Stands in, in the grader, for a kernel an answer defined: ``cudacheck.check`` on it runs
-    in the kernel sandbox (``Run.check_kernel``), and only its report and arrays come back."""
-
-    def __init__(self, run, name, problems, unfinished=False):
-        self._run, self.__name__, self._problems, self._unfinished = run, name, problems, unfinished
-
-    def __cudacheck__(self, griddim, blockdim, *args):
-        from course_lib.checks import CheckFailed
-
-        if self._problems and self._unfinished:   # the stub, and what it leaves undefined
-            exc = NotImplementedError(f"{self.__name__} is not written yet")
-            exc.from_answer = {"types": ["NotImplementedError"], "name": "NotImplementedError",
-                               "message": str(exc), "where": ""}
-            raise exc
-        if self._problems:
-            raise CheckFailed(f"the grader cannot run this kernel: {self._problems[0]}")
-        return self._run.check_kernel(self.__name__, griddim, blockdim, args)
-
-    def __getitem__(self, launch):
-        raise TypeError(f"in grading, {self.__name__} runs only through cudacheck.check(kernel, grid, block, ...)")
-
-    def __call__(self, *args, **kwargs):
-        raise TypeError(f"{self.__name__} is a kernel: launch it through cudacheck.check")
-
-    def __repr__(self):
-        return f"<kernel {self.__name__} (checked in the kernel sandbox)>"
-
-
 def encode_args(args):
     """The launch's arguments as plain data: arrays and scalars, ``uninitialized`` as its shape."""
     from course_lib import cudacheck
@@ -317,33 +290,33 @@ def report_back(reply, name, args):
 
     def ints(value, what):
         if type(value) not in (list, tuple) or len(value) > 32 or not all(type(v) is int for v in value):
-            raise ValueError(f"the kernel sandbox sent a bad {what}")
+            raise wire.WireError(f"the kernel sandbox sent a bad {what}")
         return tuple(value)
 
     if type(reply) is not dict or type(reply.get("report")) is not dict:
-        raise ValueError("the kernel sandbox sent a bad report")
+        raise wire.WireError("the kernel sandbox sent a bad report")
     written, reply = reply.get("written"), reply["report"]
     if type(written) is not list:
-        raise ValueError("the kernel sandbox sent no arrays")
+        raise wire.WireError("the kernel sandbox sent no arrays")
     for item in written:
         if type(item) is not list or len(item) != 2 or type(item[0]) is not int or not 0 <= item[0] < len(args):
-            raise ValueError("the kernel sandbox sent a bad array")
+            raise wire.WireError("the kernel sandbox sent a bad array")
         index, data = item
         target = args[index]
         if isinstance(target, cudacheck.Uninitialized):
             if not isinstance(data, np.ndarray) or data.shape != target.shape or data.dtype != target.dtype:
-                raise ValueError("the kernel sandbox sent an array of the wrong shape or dtype")
+                raise wire.WireError("the kernel sandbox sent an array of the wrong shape or dtype")
             target._host = data
         elif isinstance(target, np.ndarray) and target.flags.writeable:
             if not isinstance(data, np.ndarray) or data.shape != target.shape or data.dtype != target.dtype:
-                raise ValueError("the kernel sandbox sent an array of the wrong shape or dtype")
+                raise wire.WireError("the kernel sandbox sent an array of the wrong shape or dtype")
             target[...] = data
         else:
-            raise ValueError("the kernel sandbox sent back an argument that is not a writable array")
+            raise wire.WireError("the kernel sandbox sent back an argument that is not a writable array")
     findings = []
     for f in reply.get("findings", []) if type(reply.get("findings")) is list else [None]:
         if type(f) is not dict or f.get("kind") not in cudacheck.KINDS or type(f.get("message")) is not str:
-            raise ValueError("the kernel sandbox sent a bad finding")
+            raise wire.WireError("the kernel sandbox sent a bad finding")
         index = f.get("index")
         findings.append(cudacheck.Finding(
             f["kind"], f["message"][:4000], ints(f.get("block"), "block"), ints(f.get("thread"), "thread"),
@@ -353,9 +326,9 @@ def report_back(reply, name, args):
             f.get("count") if type(f.get("count")) is int else 1))
     traffic = reply.get("traffic")
     if type(traffic) is not dict or not all(type(k) is str and type(v) is int for k, v in traffic.items()):
-        raise ValueError("the kernel sandbox sent bad traffic counts")
+        raise wire.WireError("the kernel sandbox sent bad traffic counts")
     intervals = reply.get("intervals")
     if type(intervals) is not int:
-        raise ValueError("the kernel sandbox sent a bad interval count")
+        raise wire.WireError("the kernel sandbox sent a bad interval count")
     return cudacheck.Report(name, ints(reply.get("griddim"), "grid"), ints(reply.get("blockdim"), "block"),
                             findings, intervals, traffic)

@@ -260,7 +260,7 @@ class Session:
             if reply.get("ok") is True:
                 return reply, data
             error = reply.get("error")
-            raise AnswerRaised(_clean_error(error))
+            raise AnswerRaised(clean_error(error))
 
     def _answer_remote(self, request, data, deadline):
         """An answer used an instrument: do it here, on the real object, with plain data only."""
@@ -357,7 +357,7 @@ class Session:
         self.close()
 
 
-def _clean_error(error) -> dict:
+def clean_error(error) -> dict:
     if type(error) is not dict:
         return {"types": [], "name": "Error", "message": "the sandbox reported an unreadable error"}
     types = [t for t in error.get("types", []) if type(t) is str][:8] if type(error.get("types")) is list else []

@@ -1,0 +1,118 @@
+"""``python -m course_lib.grade SUBMISSION.ipynb...``: the grader's command line and its reports.
+
+One table per submission on stdout (plain, deterministic text) and, with ``--csv``, one row
+per submission and exercise; the grading itself is ``pipeline.py``'s.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from . import sandbox
+from .pipeline import DEFAULT_TIMEOUT, NoSandbox, Options, Result, expand_unknown, grade_all
+from .submission import Course
+
+COURSE_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def format_result(result: Result) -> str:
+    """The submission's table: one row per exercise, then the total; plain, deterministic text."""
+    width = max([8] + [len(r.exercise) for r in result.rows])
+
+    def line(exercise, status, points, reason=""):
+        return f"  {exercise:<{width}}  {status:<8}  {points:>9}  {reason}".rstrip()
+
+    got, out_of = result.total
+    return "\n".join(
+        [f"{result.submission}  [{result.exercise_set or 'unknown exercise set'}]",
+         line("exercise", "status", "points", "reason")]
+        + [line(r.exercise, r.status, f"{r.points} / {r.max_points}", r.reason) for r in result.rows]
+        + [line("total", "", f"{got} / {out_of}")])
+
+
+CSV_COLUMNS = ["submission", "exercise_set", "exercise", "status", "points", "max_points", "reason"]
+
+
+def write_csv(results, path):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for result in results:
+            for r in result.rows:
+                writer.writerow([result.submission, result.exercise_set, r.exercise, r.status,
+                                 r.points, r.max_points, r.reason])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.grade",
+        description="Score exercise notebooks.  Only the answer cells of each submission are taken; they run in "
+                    "a sandbox (bubblewrap: read-only, no course library, no network, an unprivileged user, "
+                    "limits), and the course's own check cells run here on what the answers' functions return "
+                    "as plain data (a kernel is defined from its cell's text and checked by cudacheck in a "
+                    "sandbox of its own).  Prints a table per submission; the exit code is 0 whenever every "
+                    "submission was graded, whatever the scores.  Submissions are never modified.",
+        epilog="statuses: pass (the check's points), fail (the check said no, or still a stub), "
+               "error (another exception, or the answer's process died), timeout, tampered (an edited check "
+               "cell or stored check output), invalid (not a notebook of this course, or the answer cell is "
+               "gone).  All but pass score 0.")
+    parser.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION.ipynb",
+                        help="notebooks to grade (never modified; a path given twice is graded once)")
+    parser.add_argument("--csv", type=Path, metavar="OUT",
+                        help="also write " + ",".join(CSV_COLUMNS) + " rows")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help="time limit for each exercise's answer cells, and again for its check "
+                             "(default %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="grade N submissions at a time, each in its own sandbox (default 1)")
+    parser.add_argument("--memory", type=float, default=4, metavar="GB",
+                        help="address space each sandboxed process may use (default %(default)s GB)")
+    parser.add_argument("--processes", type=int, default=sandbox.Limits.processes, metavar="N",
+                        help="processes and threads the sandbox may run (default %(default)s; the CUDA "
+                             "simulator runs a thread per CUDA thread: raise it for set 09)")
+    parser.add_argument("--set", dest="exercise_set", metavar="NN_topic",
+                        help="the exercise set, for files too broken to tell (default: the batch's)")
+    parser.add_argument("--fresh-inputs", action="store_true",
+                        help="draw the checks' random inputs from a secret salt, so that outputs copied for "
+                             "the notebook's own inputs are worth nothing (the cases stay the same; a learner's "
+                             "notebook then checked other values than the grader)")
+    parser.add_argument("--trusted", action="store_true",
+                        help="the submissions are trusted (your own work): where no sandbox is available, run "
+                             "them in a plain subprocess instead of refusing")
+    parser.add_argument("--course-root", type=Path, default=COURSE_ROOT, metavar="DIR",
+                        help="the course folder whose exercises/ hold the pristine notebooks "
+                             "(default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error("--timeout must be a positive number of seconds")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.memory <= 0:
+        parser.error("--memory must be a positive number of GB")
+    if args.processes < 8:
+        parser.error("--processes must be at least 8")
+    course = Course(args.course_root)
+    if not course.paths:
+        parser.error(f"no exercise notebooks in {args.course_root / 'exercises'}; is --course-root right?")
+    if args.exercise_set and args.exercise_set not in course.paths:
+        parser.error(f"--set {args.exercise_set}: not one of {', '.join(course.paths)}")
+    options = Options(args.timeout, args.trusted, sandbox.Limits(memory_bytes=int(args.memory * 2**30),
+                                                                 processes=args.processes), args.fresh_inputs)
+    try:
+        results = grade_all(args.submissions, course, options, args.jobs)
+    except NoSandbox as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    results = expand_unknown(results, course, args.exercise_set)
+    for result in results:
+        print(format_result(result), flush=True)
+        print()
+    if args.csv:
+        write_csv(results, args.csv)
+    got = sum(r.total[0] for r in results)
+    out_of = sum(r.total[1] for r in results)
+    print(f"graded {len(results)} submission{'s' if len(results) != 1 else ''}: {got} / {out_of} points in all")
+    return 0
+

@@ -1,0 +1,277 @@
+"""Score submitted exercise notebooks (``python -m course_lib.grade``: ``cli.py``).
+
+What it does, and why:
+
+- Only the *answer cells* of a submission are taken (``submission.py``: matched by
+  cell id, or, in a notebook saved without ids, by their exercise metadata).
+  Everything else the grader runs is the course's own copy of the exercise notebook
+  in ``exercises/``, so an edited check cell or a forged ``PASS`` output changes
+  nothing; they are still reported (``tampered``), since they tell the instructor
+  something.
+- The answer cells run in a sandbox (``sandbox.py``): a separate process that
+  sees a read-only interpreter and nothing of the course (no ``course_lib``,
+  no ``solutions/``, no checkout), cannot write outside its private ``/tmp``,
+  has no network, runs as an unprivileged user in its own process namespace,
+  with limits on memory, CPU time, processes and file size.
+- The check cells run here, in the grader's process, exactly as the learner
+  saw them.  Only the names a check asks for cross from the answers
+  (``names.py``: those it reads that no course cell binds and that are no
+  builtin, so an answer's ``range`` or ``float`` stays its own).  When a check
+  calls a name an answer defined, the call crosses to the sandbox with the
+  check's inputs as plain data (``session.py``), and only plain data comes back
+  (``wire.py``: numbers, strings, numpy arrays of number dtypes, tuples, lists
+  and dicts of them; nothing pickled), and ``course_lib.checks`` compares it
+  here.  Nothing else the sandbox says is believed: no pid, no status, no
+  record of its own.
+- A check that hands an answer's ``@cuda.jit`` kernel to ``cudacheck.check``
+  (set 09) gets it from the answer cell's text, not from the sandbox:
+  ``kernels.py`` keeps the cell's kernels and constants, holds them to the kernel
+  language, and runs cudacheck on them in a second sandbox where no other code of
+  the answer runs; the report and the arrays the kernel wrote come back as plain data.
+- Each exercise has a time limit for its answer cells and one for its check;
+  an answer that hangs or kills its process scores ``timeout`` / ``error`` and
+  the sandbox is started again without it, so it costs only its own exercise.
+- A submission is never modified.
+
+Statuses per exercise: ``pass`` (the check cell ran clean: its points),
+``fail`` (the check said no, or the answer is still a stub), ``error`` (any
+other exception, or the answer's process died), ``timeout``, ``tampered``
+(its check cell or stored check output was edited) and ``invalid`` (not a
+notebook of this course, or the answer cell is gone).  All but ``pass`` score 0.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import sandbox
+from .names import asked_names, course_cells, course_names, needed_cells
+from .session import Run, Stop, answer_outcome, from_answer, one_line
+from .submission import Course, Invalid, exercises_of, find_tampering, load_submission, match_cells, source_text
+from .worker import plain_python
+
+DEFAULT_TIMEOUT = 120          # seconds for an exercise's answer cells, and again for its check
+STATUSES = ("pass", "fail", "error", "timeout", "tampered", "invalid")
+
+
+@dataclass
+class Row:
+    exercise: str
+    status: str
+    points: int
+    max_points: int
+    reason: str = ""
+
+
+@dataclass
+class Result:
+    submission: str
+    exercise_set: str
+    rows: list = field(default_factory=list)
+
+    @property
+    def total(self):
+        return sum(r.points for r in self.rows), sum(r.max_points for r in self.rows)
+
+
+class NoSandbox(RuntimeError):
+    """Submissions from others, and no sandbox to run them in."""
+
+
+@dataclass
+class Options:
+    timeout: float = DEFAULT_TIMEOUT
+    trusted: bool = False
+    limits: sandbox.Limits = field(default_factory=sandbox.Limits)
+    fresh_inputs: bool | int = False  # draw the checks' random inputs from a secret salt (or this one)
+
+
+# -- one submission's cells ------------------------------------------------------------------
+
+@contextlib.contextmanager
+def fresh_inputs(salt):
+    """Every ``np.random.default_rng(seed)`` of the course's cells draws from (seed, salt) instead.
+
+    The checks then ask for the same cases (same shapes, masks, dtypes, labels) on values no one
+    saw before grading, so a table of the published cases' outputs is worth nothing."""
+    import numpy as np
+
+    if salt is None:
+        yield
+        return
+    original = np.random.default_rng
+
+    def default_rng(seed=None, *args, **kwargs):
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            seed = [int(seed), salt]
+        return original(seed, *args, **kwargs)
+
+    np.random.default_rng = default_rng
+    try:
+        yield
+    finally:
+        np.random.default_rng = original
+
+
+def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted, salt=None):
+    """Run every exercise not yet decided: answers in the sandbox, checks here."""
+    by_check = {ex.check_id: ex for ex in exercises}
+    namespace = {"__name__": "__course__"}
+    run = Run(pristine, answers, limits, timeout, trusted)
+    try:
+        with fresh_inputs(salt):
+            _run_cells(pristine, run, by_check, namespace, decided, course_names(pristine), timeout)
+    finally:
+        run.close()
+    return decided
+
+
+def _run_cells(pristine, run, by_check, namespace, decided, course_bound, timeout):
+    needed = needed_cells(pristine)
+    for cell in course_cells(pristine):
+        ex = by_check.get(cell.id)
+        if ex is None:  # the course's own setup and helpers
+            if cell.id in needed:
+                _run_course_cell(cell.source, namespace)
+            continue
+        if ex.name in decided:
+            if decided[ex.name][0] == "tampered":
+                run.exec_answer(ex)  # later answers may build on it, as in the learner's kernel
+            continue
+        failed = run.exec_answer(ex)
+        if failed:
+            decided[ex.name] = failed
+            continue
+        decided[ex.name] = _check(run, cell.source, namespace, course_bound, timeout)
+
+
+def _run_course_cell(source, namespace):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            exec(compile(plain_python(source), "<course cell>", "exec"), namespace)
+        except Exception:
+            pass  # a course cell that needs the learner's code: the checks will say what is missing
+
+
+def _check(run, source, namespace, course_bound, timeout):
+    """(status, reason) of one check cell, run here on what the answers give back."""
+    from course_lib.checks import CheckFailed
+
+    run.deadline = time.monotonic() + timeout
+    out = io.StringIO()
+    try:
+        run.restart()
+        run.inject(namespace, asked_names(source, course_bound))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            exec(compile(plain_python(source), "<check cell>", "exec"), namespace)
+    except Stop as stop:
+        return stop.status, stop.reason
+    except CheckFailed as exc:
+        return "fail", one_line(exc) or "the check failed"
+    except Exception as exc:
+        if from_answer(exc) is not None:
+            return answer_outcome(from_answer(exc), "answer, called by the check")
+        if isinstance(exc, AssertionError):
+            return "fail", one_line(exc) or "the check failed"
+        return "error", f"{type(exc).__name__}: {one_line(exc)} (in the check, on what the answer returned)"
+    return "pass", ""
+
+
+# -- submissions -------------------------------------------------------------------------------
+
+def grade(path, course: Course, options: Options | None = None) -> Result:
+    """Grade one submission; never raises, whatever is wrong with the submission."""
+    options = options or Options()
+    try:
+        return _grade(path, course, options)
+    except Exception as exc:  # a grader bug must not stop the other submissions
+        return Result(str(path), "", [Row("*", "error", 0, 0, f"grader error ({type(exc).__name__}: {exc})")])
+
+
+def _grade(path, course, options):
+    try:
+        sub = load_submission(path)
+        name = course.identify(sub)
+    except Invalid as exc:
+        return Result(str(path), "", [Row("*", "invalid", 0, 0, str(exc))])
+    pristine = course.notebook(name)
+    exercises = exercises_of(pristine)
+    result = Result(str(path), name)
+    matched, notes = match_cells(sub, pristine)
+    decided = {}
+    try:
+        for ex in exercises:
+            missing = [i for i in ex.answer_ids if i not in matched]
+            if missing:
+                decided[ex.name] = ("invalid", f"the answer cell of {ex.name} is missing (deleted, or re-made without "
+                                               f"its metadata): copy your code into the answer cell of a fresh "
+                                               f"exercises/{name}.ipynb")
+        if all(ex.name in decided for ex in exercises):
+            raise Invalid(f"no answer cell of {name} found: work in a copy of exercises/{name}.ipynb")
+        for owner, reason in find_tampering(matched, pristine, course).items():
+            decided.setdefault(owner, ("tampered", reason))
+        answers = {i: source_text(matched[i].get("source")) for ex in exercises for i in ex.answer_ids if i in matched}
+        fresh = options.fresh_inputs
+        salt = None if not fresh else fresh if type(fresh) is int else secrets.randbits(63)
+        run_checks(pristine, answers, exercises, decided, options.limits, options.timeout, options.trusted, salt)
+    except Invalid as exc:
+        decided = {ex.name: ("invalid", str(exc)) for ex in exercises}
+    except sandbox.SandboxUnavailable as exc:
+        decided = {ex.name: ("error", f"no sandbox: {exc}") for ex in exercises if ex.name not in decided}
+    except Exception as exc:  # a grader bug must not stop the other submissions
+        decided = {ex.name: ("error", f"grader error ({type(exc).__name__}: {exc}); please report it")
+                   for ex in exercises}
+    note = "; ".join(notes)
+    for ex in exercises:
+        status, reason = decided.get(ex.name, ("error", "not graded"))
+        if note and status != "pass":
+            reason = f"{reason} (note: {note})" if reason else f"note: {note}"
+        elif note:
+            reason = f"note: {note}"
+        result.rows.append(Row(ex.name, status, ex.points if status == "pass" else 0, ex.points, reason))
+    return result
+
+
+def expand_unknown(results, course: Course, exercise_set=None):
+    """Give a file that could not be read one row per exercise of the set, so class totals stay right.
+
+    The set is ``exercise_set``, else the one every other submission of the batch belongs to.
+    """
+    sets = {r.exercise_set for r in results if r.exercise_set}
+    name = exercise_set or (sets.pop() if len(sets) == 1 else None)
+    if name not in course.paths:
+        return results
+    out = []
+    for r in results:
+        if not r.exercise_set and len(r.rows) == 1 and r.rows[0].exercise == "*":
+            why = r.rows[0]
+            r = Result(r.submission, name, [Row(ex.name, why.status, 0, ex.points, why.reason)
+                                            for ex in exercises_of(course.notebook(name))])
+        out.append(r)
+    return out
+
+
+def grade_all(paths, course: Course, options: Options | None = None, jobs=1):
+    """Grade several submissions, ``jobs`` at a time, each path once; results in the order given."""
+    options = options or Options()
+    unique = list(dict.fromkeys(Path(p).resolve() for p in paths))
+    originals = {}
+    for p in paths:
+        originals.setdefault(Path(p).resolve(), str(p))
+    if not options.trusted and not sandbox.available():
+        raise NoSandbox(
+            "no sandbox: bubblewrap (bwrap) is " + ("not installed" if not sandbox.bwrap() else "installed but does not start here")
+            + ". Grading others' notebooks without one lets their code act as you. Install it (Debian / Ubuntu: "
+            "apt-get install bubblewrap), or pass --trusted to grade notebooks you trust (your own) without it.")
+    if jobs <= 1:
+        results = [grade(originals[p], course, options) for p in unique]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+        from functools import partial
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(partial(grade, course=course, options=options), [originals[p] for p in unique]))
+    return results
