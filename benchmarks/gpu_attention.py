@@ -19,8 +19,10 @@ record tagged with ``benchmark``:
   zero-copy), so this is the kernel's time, not the host copies';
 - ``gpu_attention_blocks``: the kernel at one shape for several (Br, Bc).
 
-TF32 is off for the torch peers (``allow_tf32 = False``): all three compute in
-float32 on the SIMT cores.
+TF32 is off for the torch peers (``allow_tf32 = False``): the kernel and naive
+torch's cuBLAS matmuls compute in float32 on the SIMT cores.  SDPA's
+memory-efficient kernel does not read that switch: its CUTLASS kernel computes
+each fp32 matmul on the tensor cores as three TF32 products (3xTF32).
 """
 from __future__ import annotations
 

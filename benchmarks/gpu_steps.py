@@ -30,7 +30,11 @@ Parts, in the order they run:
 
 The committed records were made with ``--sizes 1024 4096 16384``.
 
-TF32 is off for the fp32 torch peers: every fp32 number is on the SIMT cores.
+TF32 is off for the fp32 torch peers, so naive torch's cuBLAS matmuls and SDPA's
+math backend compute on the SIMT cores, as the course's kernels do.  SDPA's
+memory-efficient kernel does not read that switch: its CUTLASS kernel
+(fmha_cutlassF_f32_*_sm80) computes each fp32 matmul on the tensor cores as
+three TF32 products (3xTF32, OpMultiplyAddFastF32).
 """
 from __future__ import annotations
 

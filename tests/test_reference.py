@@ -463,6 +463,6 @@ def test_fully_masked_rows_lse_conventions_and_fa2s_window_and_head_dim_rules():
         rows, cols = np.arange(nq), np.arange(nk)
         assert (not np.array_equal(ours.visible(rows, cols), theirs.visible(rows, cols))) == differs
     assert conventions.fa2_window((3, 5), 12, 8) == (3, 5)
-    assert [conventions.fa2_head_dim(d) for d in (1, 32, 33, 80, 128, 200, 256)] == [32, 32, 64, 96, 128, 224, 256]
+    assert [conventions.fa2_head_dim(d) for d in (1, 32, 33, 80, 128, 160, 200, 256)] == [32, 32, 64, 96, 128, 192, 256, 256]
     with pytest.raises(ValueError, match="head_dim"):
         conventions.fa2_head_dim(257)

@@ -47,7 +47,9 @@ def time_it(fn, *args, repeats=5, warmup=1, **kwargs) -> float:
 
 def cuda_time_it(fn, repeats, warmup=2):
     """(median seconds, every time in ms) of fn() between CUDA events, after warm-up: the kernel
-    layer, with no host overhead in it.  Needs torch with CUDA."""
+    layer.  The events time the GPU's stream from the first to the second, so when the host takes
+    longer to launch fn's kernels than the GPU takes to run them (small problems), the launch time
+    is in it too.  Needs torch with CUDA."""
     import torch
     for _ in range(warmup):
         fn()

@@ -17,9 +17,9 @@ if you compare the wrong thing.
   (unbounded).  That changes nothing when Nq <= Nk, but when Nq > Nk the
   right side seen by early rows (bottom-right alignment puts them before key
   0) grows (``fa2_window``).
-- Head dims: FA2 compiles kernels for head dims 32, 64, 96, 128, 160, 192,
-  224 and 256 and runs a smaller one in the next of them (``fa2_head_dim``),
-  so a D = 80 head costs what D = 96 costs.
+- Head dims: FA2 (v2.8) compiles kernels for head dims 32, 64, 96, 128, 192
+  and 256 and runs a smaller one in the next of them (``fa2_head_dim``), so a
+  D = 80 head costs what D = 96 costs, and D = 160 what D = 192 costs.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from .masks import diagonal_offset
 
-FA2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+FA2_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # HEADDIM_SWITCH in FA2's static_switch.h
 
 FULLY_MASKED_LSE = {  # the lse of a row that sees no key, impl by impl (every one gives output 0)
     "course_lib": -math.inf,
