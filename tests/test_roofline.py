@@ -223,6 +223,8 @@ def test_occupancy_from_the_h200_preset_gives_the_cuda_steps_numbers(threads):
 def test_occupancy_reads_every_limit_from_the_preset():
     h200 = hardware.HARDWARE["h200"]
     assert (h200.register_allocation_unit, h200.smem_reserved_per_block) == (256, KiB)
+    assert (int(float(h200.units)), int(float(h200.max_smem_per_block)), h200.static_smem_per_block,
+            h200.max_threads_per_block) == (132, 227 * KiB, 48 * KiB, 1024)  # what the CUDA steps assume
     occ = hardware.occupancy(h200, 41, 48 * KiB, 128)  # 41 registers: 1,312 per warp, rounded up to 1,536
     assert occ.limits == {"shared memory": 228 // 49, "registers": 65536 // (1536 * 4), "threads": 16, "blocks": 32}
     assert (occ.blocks, occ.warps, occ.limiter) == (4, 16, "shared memory") and occ.fraction == 0.25

@@ -77,12 +77,14 @@ class Hardware:
     memory: Figure | None = None  # DRAM / HBM capacity in bytes
     l2: Figure | None = None  # the cache shared by every unit, between their SRAM and DRAM (0: none)
     exp_per_s: Figure | None = None  # exponentials per second (special-function units)
-    max_smem_per_block: Figure | None = None
+    max_smem_per_block: Figure | None = None  # shared memory one block may opt in to
+    static_smem_per_block: int | None = None  # shared memory a block gets without opting in
     smem_reserved_per_block: int = 0  # bytes the CUDA runtime keeps per block
     registers_per_unit: Figure | None = None  # 32-bit registers per SM
     register_allocation_unit: int | None = None  # registers are handed to a warp in multiples of this
     max_registers_per_thread: int | None = None
     max_threads_per_unit: int | None = None
+    max_threads_per_block: int | None = None
     max_blocks_per_unit: int | None = None
     measured: dict = field(default_factory=dict)  # key -> Figure, kind "measured"
     note: str = ""
@@ -170,10 +172,12 @@ def _cuda_limits(tuning, smem_kib, smem_block_kib, threads, blocks):
     return dict(
         sram_per_unit=_ds(smem_kib * KiB, "B", f"{tuning}: shared memory per SM"),
         max_smem_per_block=_ds(smem_block_kib * KiB, "B", f"{tuning}: shared memory per block (opt-in)"),
+        static_smem_per_block=48 * KiB,  # without the opt-in, on every compute capability
         smem_reserved_per_block=1 * KiB,  # the runtime keeps 1 KiB per block on sm_80 and later
         registers_per_unit=_ds(65536, "registers", f"{tuning}: 64K 32-bit registers per SM"),
         register_allocation_unit=256,  # per warp: the occupancy calculator's allocation unit on sm_50 and later
-        max_registers_per_thread=255, max_threads_per_unit=threads, max_blocks_per_unit=blocks)
+        max_registers_per_thread=255, max_threads_per_unit=threads, max_threads_per_block=1024,
+        max_blocks_per_unit=blocks)
 
 
 _HOPPER_WP = "NVIDIA H100 Tensor Core GPU architecture whitepaper (Hopper), H100 SXM5 table"
