@@ -2,13 +2,19 @@
 
 The records are a contract (shared/DESIGN.md, "Measuring"): each one carries the
 shape, dtype, mask, impl, block sizes, the median time, the derived TFLOP/s and
-bytes moved, and where it was measured."""
+bytes moved, and where it was measured; a record whose time leaves the kernel's work
+out (the launch layer) carries no FLOP rate."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from course_lib import bench
+from course_lib.bench import timing
+from course_lib.models.iomodel import attention_flops
+
+RECORDS = Path(__file__).resolve().parent.parent / "notebooks" / "records"
 
 ENV = {"cpu": "test cpu", "python": "3.x"}  # skip probing the machine in most tests
 
@@ -16,7 +22,7 @@ ENV = {"cpu": "test cpu", "python": "3.x"}  # skip probing the machine in most t
 def test_time_it_warms_up_then_returns_the_median_of_the_repeats(monkeypatch):
     calls = []
     clock = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # runs of 1 s, 3 s, 2 s
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
     assert bench.time_it(lambda x: calls.append(x), "a", repeats=3, warmup=2) == 2.0
     assert calls == ["a"] * 5
 
@@ -92,6 +98,32 @@ def test_records_refuse_a_non_positive_time():
         bench.record(benchmark="t", impl="x", shape=(1, 1, 1, 1, 1), dtype="float32", time_s=0.0, env=ENV)
 
 
+def test_a_launch_record_carries_the_work_but_no_flop_rate():
+    launch = bench.record(benchmark="t", impl="x", shape=(4, 16, 64, 64, 64), dtype="float32", time_s=8e-5,
+                          layer="launch", env=ENV)
+    assert "tflops" not in launch and launch["flops"] == 4 * 4 * 16 * 64 * 64 * 64
+    for layer in ("kernel", "end to end"):  # their time includes the work: a rate (end to end: a lower bound)
+        rec = bench.record(benchmark="t", impl="x", shape=(1, 1, 8, 8, 8), dtype="float32", time_s=1.0,
+                           layer=layer, env=ENV)
+        assert rec["tflops"] == pytest.approx(rec["flops"] / 1e12)
+
+
+def test_a_record_refuses_an_unknown_layer_and_a_given_flop_rate():
+    with pytest.raises(ValueError, match="layer must be one of"):
+        bench.record(benchmark="t", impl="x", shape=(1, 1, 1, 1, 1), dtype="float32", time_s=1.0,
+                     layer="host", env=ENV)
+    with pytest.raises(ValueError, match="tflops is derived"):
+        bench.record(benchmark="t", impl="x", shape=(1, 1, 1, 1, 1), dtype="float32", time_s=1.0,
+                     layer="launch", tflops=2123.0, env=ENV)
+
+
+@pytest.mark.parametrize("path", sorted(RECORDS.glob("*.jsonl")), ids=lambda p: p.name)
+def test_no_committed_record_of_the_launch_layer_claims_a_flop_rate(path):
+    launch = [r for r in bench.load_records(path) if r.get("layer") == "launch"]
+    assert not [r for r in launch if r.get("tflops") is not None], f"{path.name}: launch records with TFLOP/s"
+    assert all(r.get("layer") in (None, *bench.LAYERS) for r in bench.load_records(path))
+
+
 def test_append_then_load_round_trips_and_filters(tmp_path):
     path = tmp_path / "records" / "r.jsonl"  # the folder is created on first use
     written = [bench.append_record(path, benchmark="t", impl="flash_numpy", shape=(1, 2, n, n, 8),
@@ -114,13 +146,13 @@ def test_latest_run_keeps_only_the_last_runs_records(tmp_path):
 
 
 def test_the_committed_causal_skipping_records_are_complete():
-    path = bench.Path(__file__).resolve().parent.parent / "notebooks" / "records" / "causal_skipping.jsonl"
+    path = RECORDS / "causal_skipping.jsonl"
     records = bench.latest_run(bench.load_records(path))
     assert {r["causal"] for r in records} == {False, True}
     for r in records:
         B, H, Nq, Nk, D = r["shape"]
         assert Nq == Nk and r["impl"] == "flash_numpy"
-        assert r["tflops"] == pytest.approx(bench.attention_flops(B, H, Nq, Nk, D, causal=r["causal"])
+        assert r["tflops"] == pytest.approx(attention_flops(B, H, Nq, Nk, D, causal=r["causal"])
                                             / r["time_s"] / 1e12)
         assert {"cpu", "numpy", "numba", "date"} <= set(r["environment"])
 
@@ -128,7 +160,7 @@ def test_the_committed_causal_skipping_records_are_complete():
 def test_the_committed_cpu_bench_run_has_every_bucket_for_every_cpu_impl_and_peer():
     from course_lib.bench import cli as benchrun
 
-    path = bench.Path(__file__).resolve().parent.parent / "notebooks" / "records" / "bench_cpu.jsonl"
+    path = RECORDS / "bench_cpu.jsonl"
     records = bench.load_records(path, benchmark="bench")
     assert len({r["run_id"] for r in records}) == 1
     impls = {r["impl"] for r in records}

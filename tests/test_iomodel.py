@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import course_lib
 from course_lib import checks
 from course_lib.core.options import AttentionOptions
+from course_lib.core import hardware
 from course_lib.models import iomodel, roofline, sram
 from course_lib.kernels.counted import run_counted
 from course_lib.models.iomodel import SCHEDULES, attention_io
@@ -279,7 +280,7 @@ def test_too_big_a_tile_does_not_fit_and_says_why():
 
 def test_fits_all_covers_every_preset_and_small_machines_count_blocks_by_sram():
     res = sram.fits_all(sram.tile_budget(32, 32, 64, "float16"))
-    assert set(res) == set(roofline.HARDWARE)
+    assert set(res) == set(hardware.HARDWARE)
     npu = res["edge_npu"]
     assert npu.blocks_per_unit == 256 * 1024 // sram.tile_budget(32, 32, 64, "float16").total_bytes
     assert sram.largest_square_tile(64, "float16", "riscv_manycore") == 64

@@ -1,11 +1,13 @@
-"""The roofline presets, their sources, and this machine measured (chapter 02)."""
+"""The hardware presets and their sources, this machine measured, and the roofline drawn (chapter 02)."""
 import math
 
 import matplotlib
 import pytest
 
-from course_lib.models import roofline
-from course_lib.models.roofline import DATASHEET, ILLUSTRATIVE, MEASURED, Figure
+from course_lib.core import hardware
+from course_lib.core.hardware import DATASHEET, ILLUSTRATIVE, MEASURED, Figure
+from course_lib.models import measure
+from course_lib.views import roofline_plot
 
 matplotlib.use("Agg")
 REQUIRED = ("h100_sxm", "h200", "a100_80gb", "rtx_4090", "l4", "laptop_cpu", "edge_npu", "riscv_manycore")
@@ -13,12 +15,12 @@ TERA, GIGA, KiB = 1e12, 1e9, 1024
 
 
 def test_the_presets_the_course_promises_are_all_there():
-    assert set(REQUIRED) <= set(roofline.HARDWARE)
+    assert set(REQUIRED) <= set(hardware.HARDWARE)
 
 
 @pytest.mark.parametrize("key", REQUIRED)
 def test_every_figure_of_a_preset_carries_a_source_and_a_kind(key):
-    hw = roofline.HARDWARE[key]
+    hw = hardware.HARDWARE[key]
     figures = hw.figures()
     for name in ("bandwidth", "sram_per_unit", "units"):
         assert name in figures
@@ -26,7 +28,7 @@ def test_every_figure_of_a_preset_carries_a_source_and_a_kind(key):
     for name, fig in figures.items():
         assert isinstance(fig, Figure), name
         assert fig.source.strip(), f"{key} {name} has no source"
-        assert fig.kind in roofline.KINDS
+        assert fig.kind in hardware.KINDS
         assert (fig.value > 0 or name == "l2") and math.isfinite(fig.value)  # l2 0: no cache at all
 
 
@@ -34,7 +36,7 @@ def test_every_figure_of_a_preset_carries_a_source_and_a_kind(key):
     ("h100_sxm", 50, 494.7), ("h200", 50, 494.7), ("a100_80gb", 40, 156), ("rtx_4090", 72, 82.6), ("l4", 48, 60),
 ])
 def test_every_gpu_preset_has_its_l2_size_and_its_dense_tf32_roof_with_sources(key, l2_mib, tf32):
-    hw = roofline.HARDWARE[key]
+    hw = hardware.HARDWARE[key]
     assert float(hw.l2) == l2_mib * 1024 ** 2 and "L2" in hw.l2.source and hw.l2.kind == DATASHEET
     assert hw.peak("tf32") == pytest.approx(tf32 * TERA) and "TF32" in hw.peak_flops["tfloat32"].source
     assert hw.peak("tfloat32") >= hw.peak("float32")  # the RTX 4090 is the one whose TF32 only matches FP32
@@ -43,7 +45,7 @@ def test_every_gpu_preset_has_its_l2_size_and_its_dense_tf32_roof_with_sources(k
 
 @pytest.mark.parametrize("key", ["laptop_cpu", "edge_npu", "riscv_manycore"])
 def test_illustrative_presets_say_they_have_no_tf32_and_what_sits_between_sram_and_dram(key):
-    hw = roofline.HARDWARE[key]
+    hw = hardware.HARDWARE[key]
     assert hw.l2 is not None and hw.l2.kind == ILLUSTRATIVE
     assert hw.peak("tfloat32") == hw.peak("float32") and "no TF32" in hw.peak_flops["tfloat32"].source
 
@@ -60,7 +62,7 @@ def test_illustrative_presets_say_they_have_no_tf32_and_what_sits_between_sram_a
     ("l4", "float32", 30.3, 0.3, 100, 58),
 ])
 def test_gpu_datasheet_figures_are_the_dense_vendor_numbers(key, dtype, flops, bandwidth, smem_kib, sms):
-    hw = roofline.HARDWARE[key]
+    hw = hardware.HARDWARE[key]
     assert hw.peak(dtype) == pytest.approx(flops * TERA)
     assert hw.memory_bandwidth() == pytest.approx(bandwidth * TERA)
     assert float(hw.sram_per_unit) == smem_kib * KiB
@@ -69,7 +71,7 @@ def test_gpu_datasheet_figures_are_the_dense_vendor_numbers(key, dtype, flops, b
 
 
 def test_h200_measured_figures_are_kept_apart_from_its_datasheet():
-    hw = roofline.HARDWARE["h200"]
+    hw = hardware.HARDWARE["h200"]
     bw, sgemm = hw.measured["bandwidth"], hw.measured["flops:float32"]
     assert (bw.kind, bw.date, bw.value) == (MEASURED, "2026-11-30", 3.8e12)
     assert (sgemm.kind, sgemm.date, sgemm.value) == (MEASURED, "2026-11-30", 51e12)
@@ -81,13 +83,13 @@ def test_h200_measured_figures_are_kept_apart_from_its_datasheet():
 
 @pytest.mark.parametrize("key", ["laptop_cpu", "edge_npu", "riscv_manycore"])
 def test_class_typical_presets_say_they_are_illustrative_not_a_product(key):
-    for name, fig in roofline.HARDWARE[key].figures().items():
+    for name, fig in hardware.HARDWARE[key].figures().items():
         assert fig.kind == ILLUSTRATIVE, name
         assert "not a product datasheet" in fig.source
 
 
 def test_the_edge_npu_has_a_few_hundred_kib_of_sram_and_the_riscv_part_shares_sram_per_cluster():
-    npu, rv = roofline.HARDWARE["edge_npu"], roofline.HARDWARE["riscv_manycore"]
+    npu, rv = hardware.HARDWARE["edge_npu"], hardware.HARDWARE["riscv_manycore"]
     assert 128 * KiB <= float(npu.sram_per_unit) <= 1024 * KiB
     assert "DMA" in npu.sram_per_unit.source
     assert rv.unit_name == "cluster" and "shared" in rv.sram_per_unit.source
@@ -101,7 +103,7 @@ def test_a_measured_figure_needs_a_date_and_a_known_kind():
 
 
 def test_ridge_is_peak_over_bandwidth_and_attainable_is_the_lower_roof():
-    hw = roofline.HARDWARE["a100_80gb"]
+    hw = hardware.HARDWARE["a100_80gb"]
     assert hw.ridge("float16") == pytest.approx(312e12 / 2.039e12)
     assert hw.attainable(10, "float16") == pytest.approx(10 * 2.039e12)  # memory roof
     assert hw.attainable(1000, "float16") == pytest.approx(312e12)  # compute roof
@@ -109,25 +111,25 @@ def test_ridge_is_peak_over_bandwidth_and_attainable_is_the_lower_roof():
 
 
 def test_a_dtype_without_its_own_peak_borrows_the_one_it_runs_at():
-    assert roofline.HARDWARE["a100_80gb"].rate_dtype("float8_e4m3fn") == "float16"  # converted on load
-    assert roofline.HARDWARE["h100_sxm"].rate_dtype("fp8") == "float8_e4m3fn"
-    assert roofline.HARDWARE["edge_npu"].rate_dtype("float64") == "float32"
+    assert hardware.HARDWARE["a100_80gb"].rate_dtype("float8_e4m3fn") == "float16"  # converted on load
+    assert hardware.HARDWARE["h100_sxm"].rate_dtype("fp8") == "float8_e4m3fn"
+    assert hardware.HARDWARE["edge_npu"].rate_dtype("float64") == "float32"
     with pytest.raises(ValueError, match="no peak"):
-        roofline.HARDWARE["rtx_4090"].peak("float64")
+        hardware.HARDWARE["rtx_4090"].peak("float64")
 
 
 def test_hardware_lookup_by_key_or_name_and_a_clear_error_otherwise():
-    assert roofline.hardware("l4") is roofline.hardware("NVIDIA L4")
+    assert hardware.hardware("l4") is hardware.hardware("NVIDIA L4")
     with pytest.raises(ValueError, match="presets"):
-        roofline.hardware("tpu")
+        hardware.hardware("tpu")
 
 
 def test_preset_table_lists_every_preset_with_its_kind():
-    text = roofline.format_table(roofline.preset_table("float16"))
-    for hw in roofline.HARDWARE.values():
+    text = hardware.format_table(hardware.preset_table("float16"))
+    for hw in hardware.HARDWARE.values():
         assert hw.name in text
     assert "datasheet" in text and "illustrative" in text
-    h100 = next(r for r in roofline.preset_table("float16") if r["key"] == "h100_sxm")
+    h100 = next(r for r in hardware.preset_table("float16") if r["key"] == "h100_sxm")
     assert (h100["l2_mib"], h100["tf32_tflops"]) == (50, pytest.approx(494.7))
     assert "L2 MiB" in text and "TF32" in text
 
@@ -136,11 +138,11 @@ def fake_measurement(**changes):
     values = dict(bandwidth=10e9, flops={"float32": 50e9, "float64": 25e9}, exp_per_s=1e9, cpu="test cpu",
                   threads=2, date="2026-01-01", sram_per_core=2 * 1024 * 1024)
     values.update(changes)
-    return roofline.Measurement(**values)
+    return measure.Measurement(**values)
 
 
 def test_measure_this_machine_gives_plausible_positive_finite_figures():
-    m = roofline.measure_this_machine(copy_mib=8, matmul_n=128, exp_n=1 << 16, repeats=1)
+    m = measure.measure_this_machine(copy_mib=8, matmul_n=128, exp_n=1 << 16, repeats=1)
     for value in [m.bandwidth, m.exp_per_s, *m.flops.values()]:
         assert value > 0 and math.isfinite(value)
     assert set(m.flops) == {"float32", "float64"}
@@ -154,8 +156,8 @@ def test_measure_this_machine_gives_plausible_positive_finite_figures():
 def test_a_timing_repeats_until_its_fastest_runs_agree(monkeypatch):
     """A noisy first few runs (a busy neighbour) are timed again until the fastest three agree."""
     clock = iter([0, 10,  10, 11,  11, 15,  15, 16,  16, 17,  17, 18] + list(range(100, 200)))
-    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(clock))
-    best, runs = roofline.best_time(lambda: None, 3)
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+    best, runs = measure.best_time(lambda: None, 3)
     assert (best, runs) == (1, 5)  # durations 10, 1, 4, 1, 1: stable once three runs of 1 are in
 
 
@@ -169,10 +171,10 @@ def test_a_timing_that_never_settles_stops_and_says_so(monkeypatch):
         state["start"] = not state["start"]
         return state["t"]
 
-    monkeypatch.setattr(roofline.time, "perf_counter", clock)
-    best, runs = roofline.best_time(lambda: None, 3, max_runs=12)
+    monkeypatch.setattr(measure.time, "perf_counter", clock)
+    best, runs = measure.best_time(lambda: None, 3, max_runs=12)
     assert runs == 12 and best == 1
-    m = fake_measurement(runs={"copy": roofline.MAX_RUNS, "exp": 3})
+    m = fake_measurement(runs={"copy": measure.MAX_RUNS, "exp": 3})
     assert "never settled" in m.summary()
 
 
@@ -184,7 +186,7 @@ def test_this_machine_as_hardware_has_only_measured_figures():
 
 
 def test_plot_roofline_draws_one_roof_per_machine_and_every_point():
-    fig = roofline.plot_roofline(["h100_sxm", "l4", fake_measurement()],
+    fig = roofline_plot.plot_roofline(["h100_sxm", "l4", fake_measurement()],
                                  points=[dict(intensity=30, flops=1e12, label="a"),
                                          dict(intensity=300, flops=2e12, label="b")])
     ax = fig.axes[0]
@@ -197,5 +199,50 @@ def test_plot_roofline_draws_one_roof_per_machine_and_every_point():
 
 
 def test_settled_says_how_many_runs_and_whether_they_agreed():
-    assert roofline.settled(5) == "5 runs, until the 3 fastest agreed within 5%"
-    assert "never settled" in roofline.settled(roofline.MAX_RUNS)
+    assert measure.settled(5) == "5 runs, until the 3 fastest agreed within 5%"
+    assert "never settled" in measure.settled(measure.MAX_RUNS)
+
+
+# -- occupancy: the one model of how many blocks an SM holds ------------------------------
+
+CUDA_STEPS_TIES = ("threads", "registers", "shared memory", "blocks")  # cuda_steps names warps first on a tie
+CUDA_STEPS_NAMES = {"threads": "warps", "shared memory": "shared"}
+
+
+@pytest.mark.parametrize("threads", [32, 64, 96, 128, 256, 384, 512, 1024])
+def test_occupancy_from_the_h200_preset_gives_the_cuda_steps_numbers(threads):
+    from course_lib.kernels import cuda_steps as cs
+    for regs in [*range(1, 256, 7), 32, 40, 64, 128, 168, 255]:
+        for shared in (0, 1, 1024, 12288, 16384, 49152, 65536, 100 * KiB, 116 * KiB, 200 * KiB, 227 * KiB):
+            occ = hardware.occupancy("h200", regs, shared, threads, ties=CUDA_STEPS_TIES)
+            got = {"blocks_per_sm": occ.blocks, "warps_per_sm": occ.warps, "occupancy": occ.fraction,
+                   "limited_by": CUDA_STEPS_NAMES.get(occ.limiter, occ.limiter)}
+            assert got == cs.occupancy(regs, shared, threads), (regs, shared, threads)
+
+
+def test_occupancy_reads_every_limit_from_the_preset():
+    h200 = hardware.HARDWARE["h200"]
+    assert (h200.register_allocation_unit, h200.smem_reserved_per_block) == (256, KiB)
+    assert (int(float(h200.units)), int(float(h200.max_smem_per_block)), h200.static_smem_per_block,
+            h200.max_threads_per_block) == (132, 227 * KiB, 48 * KiB, 1024)  # what the CUDA steps assume
+    occ = hardware.occupancy(h200, 41, 48 * KiB, 128)  # 41 registers: 1,312 per warp, rounded up to 1,536
+    assert occ.limits == {"shared memory": 228 // 49, "registers": 65536 // (1536 * 4), "threads": 16, "blocks": 32}
+    assert (occ.blocks, occ.warps, occ.limiter) == (4, 16, "shared memory") and occ.fraction == 0.25
+    ada = hardware.occupancy("rtx_4090", 32, 1024, 256)  # 1,536 threads per SM on sm_89
+    assert ada.limits["threads"] == 6 and ada.limits["blocks"] == 24
+
+
+def test_occupancy_gives_no_block_to_a_kernel_over_a_per_block_limit():
+    big = hardware.occupancy("h100_sxm", 32, 228 * KiB, 128)
+    assert big.blocks == 0 and big.over_block == ("shared memory",) and big.limiter == "shared memory"
+    spills = hardware.occupancy("h100_sxm", 256, 1024, 128)
+    assert spills.blocks == 0 and spills.over_block == ("registers",)
+    with pytest.raises(ValueError, match="GPU figure"):
+        hardware.occupancy("laptop_cpu", 32, 1024, 128)
+    with pytest.raises(ValueError, match="ties must order"):
+        hardware.occupancy("h200", 32, 1024, 128, ties=("blocks",))
+
+
+def test_a_device_name_finds_its_preset_and_a_cpu_finds_none():
+    assert hardware.preset_for("NVIDIA H200") == "h200" and hardware.preset_for("NVIDIA A100-SXM4-80GB") == "a100_80gb"
+    assert hardware.preset_for("AMD EPYC 9654") is None and hardware.preset_for(None) is None

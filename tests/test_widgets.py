@@ -3,7 +3,7 @@ import ipywidgets
 import matplotlib
 import pytest
 
-from course_lib.models import iomodel, roofline, sram
+from course_lib.models import iomodel, measure, roofline, sram
 from course_lib.views import widgets
 
 matplotlib.use("Agg")
@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 @pytest.fixture(scope="module")
 def measurement():
     """A fixed 'this machine', so the roofline explorer's numbers are exact and the test fast."""
-    return roofline.Measurement(bandwidth=20e9, flops={"float32": 100e9, "float64": 50e9}, exp_per_s=1e9,
+    return measure.Measurement(bandwidth=20e9, flops={"float32": 100e9, "float64": 50e9}, exp_per_s=1e9,
                                 cpu="test cpu", threads=2, date="2026-01-01", sram_per_core=2 * 2**20)
 
 
@@ -117,7 +117,7 @@ def test_roofline_explorer_controls_change_what_it_computes(measurement):
 
 
 def test_this_machine_is_exp_bound_when_its_exp_is_slow(measurement):
-    slow_exp = roofline.Measurement(**{**measurement.__dict__, "exp_per_s": 1e8})
+    slow_exp = measure.Measurement(**{**measurement.__dict__, "exp_per_s": 1e8})
     r = widgets.roofline_numbers(seqlen=2048, head_dim=64, measurement=slow_exp)
     assert r.here["fa2"].limiter == "exp"
     assert r.here["fa2"].seconds == pytest.approx(2048 * 2048 / 1e8)

@@ -35,15 +35,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import bench
+from ..core.hardware import hardware, preset_for
+from .peers import PEER_DTYPES, TORCH_PEERS, gpu_here, torch_calls, torch_or_none
+from .records import environment, latest_run, load_records, new_run, record
+from .timing import cuda_time_it, time_it
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "notebooks" / "records" / "bench.jsonl"
 GPU_SIZES = (1024, 4096, 16384, 32768)
 CPU_SIZES = (256, 1024)
 CPU_IMPLS = ("naive", "flash_numpy", "flash_numba_cpu")
-TORCH_PEERS = ("torch_naive", "torch_sdpa_efficient", "torch_sdpa_math", "torch_sdpa_flash", "torch_sdpa_cudnn")
-PEER_DTYPES = {"torch_sdpa_flash": ("float16",), "torch_sdpa_cudnn": ("float16",)}
 
 
 def buckets(sizes, head_dims, *, causal=(False, True), dtypes=("float32", "float16"), decode=True,
@@ -64,19 +65,6 @@ def buckets(sizes, head_dims, *, causal=(False, True), dtypes=("float32", "float
     return out
 
 
-def torch_or_none():
-    try:
-        import torch
-        return torch
-    except ModuleNotFoundError:
-        return None
-
-
-def gpu_here() -> bool:
-    torch = torch_or_none()
-    return bool(torch is not None and torch.cuda.is_available())
-
-
 class Timer:
     """Median seconds of fn(): CUDA events on a GPU (layer kernel), perf_counter on the CPU."""
 
@@ -85,27 +73,8 @@ class Timer:
 
     def __call__(self, fn):
         if not self.on_gpu:
-            return bench.time_it(fn, repeats=self.repeats, warmup=self.warmup)
-        return bench.cuda_time_it(fn, self.repeats, self.warmup)[0]
-
-
-def torch_calls(q, k, v, causal):
-    """{peer: zero-argument callable} on torch tensors (either device)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def naive():
-        return bench.torch_naive(q, k, v, causal)
-
-    def sdpa(backend):
-        def go():
-            with sdpa_kernel(backend), torch.no_grad():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal and q.shape[2] > 1)
-        return go
-    return {"torch_naive": naive, "torch_sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
-            "torch_sdpa_math": sdpa(SDPBackend.MATH), "torch_sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
-            "torch_sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+            return time_it(fn, repeats=self.repeats, warmup=self.warmup)
+        return cuda_time_it(fn, self.repeats, self.warmup)[0]
 
 
 def run(args) -> list:
@@ -118,12 +87,12 @@ def run(args) -> list:
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    env = bench.environment()
+    env = environment()
     if torch is not None:
         env["torch"] = torch.__version__
         if on_gpu:
             env.update(gpu=torch.cuda.get_device_name(0), torch_cuda=torch.version.cuda)
-    run_id = bench.new_run()
+    run_id = new_run()
     sizes = args.sizes or (GPU_SIZES if on_gpu else CPU_SIZES)
     todo = buckets(sizes, args.head_dims, dtypes=args.dtypes, decode=args.decode,
                    tokens=args.tokens if on_gpu else args.cpu_tokens, heads=args.heads,
@@ -156,7 +125,7 @@ def run(args) -> list:
                         arrays = make_inputs(b, rng, on_gpu)
                     fn = callable_for(impl, b, arrays, on_gpu)
                     t = timer(fn)
-                    rec = bench.record(benchmark="bench", impl=impl, shape=shape, dtype=b["dtype"], time_s=t,
+                    rec = record(benchmark="bench", impl=impl, shape=shape, dtype=b["dtype"], time_s=t,
                                        causal=b["causal"], run=run_id, env=env, layer=layer, device=device,
                                        bucket=b["kind"], repeats=args.repeats, warmup=args.warmup)
                 except NotApplicable as why:
@@ -298,14 +267,6 @@ def roofline_points(records):
     return pts
 
 
-PRESETS_BY_DEVICE = {"H200": "h200", "H100": "h100_sxm", "A100": "a100_80gb", "RTX 4090": "rtx_4090", "L4": "l4"}
-
-
-def preset_for(device) -> str | None:
-    """The course's hardware preset for a record's device name, or None (a CPU: no datasheet preset is it)."""
-    return next((key for name, key in PRESETS_BY_DEVICE.items() if name in str(device or "")), None)
-
-
 def plot_roofline(records, hw=None, ax=None):
     """The measured points of one run, on the datasheet roofline (fp32 and fp16) of the machine that ran them.
 
@@ -314,7 +275,6 @@ def plot_roofline(records, hw=None, ax=None):
     """
     import matplotlib.pyplot as plt
 
-    from ..models import roofline
     device = next((r.get("device") for r in records if r.get("device")), None)
     hw = hw or preset_for(device)
     if ax is None:
@@ -325,7 +285,7 @@ def plot_roofline(records, hw=None, ax=None):
         ax.set_xscale("log")
         ax.set_yscale("log")
     else:
-        machine = roofline.hardware(hw)
+        machine = hardware(hw)
         for dt, style in (("float32", "-"), ("float16", "--")):
             ax.loglog(x, [machine.attainable(i, dt) / 1e12 for i in x], "k" + style, lw=1,
                       label=f"{machine.name} roofline, {dt} (datasheet)")
@@ -362,17 +322,17 @@ def main(argv=None):
     parser.add_argument("--plot", default=None, metavar="PNG", help="with --report: save the roofline plot")
     args = parser.parse_args(argv)
     if args.report:
-        records = bench.load_records(args.report, benchmark="bench")
+        records = load_records(args.report, benchmark="bench")
         print(report(records))
         if args.plot:
             import matplotlib
             matplotlib.use("Agg")
-            last = bench.latest_run(records)
+            last = latest_run(records)
             plot_roofline(last).figure.savefig(args.plot, dpi=120, bbox_inches="tight")
         return 0
     if args.tuned:
         from ..kernels import cuda_steps as cs
-        for r in bench.load_records(args.tuned, benchmark="gpu_steps_tuned"):
+        for r in load_records(args.tuned, benchmark="gpu_steps_tuned"):
             cs.TUNED[r["D"]] = cs.Tiling(**r["tiling"])
     t0 = time.perf_counter()
     records = run(args)

@@ -7,6 +7,8 @@
 - ``online_softmax``: the running max / sum update and the logsumexp merge, on arrays;
 - ``varlen``: packing and unpacking variable-length batches (``cu_seqlens``);
 - ``conventions``: other libraries' conventions (PyTorch's ``is_causal``) in the course's terms;
+- ``hardware``: the machine presets (peaks, bandwidth, SRAM, per-SM limits), each figure with its source,
+  and ``occupancy``, the blocks one SM holds;
 - ``machine``: what this machine is (CPU, cores, GPU or simulator), read when asked;
 - ``options``: validation of a call's inputs and options, shared by every impl.
 """

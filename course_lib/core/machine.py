@@ -1,8 +1,8 @@
 """What this machine is: its CPU, its cores, and what a ``@cuda.jit`` kernel runs on here.
 
 Facts read off the machine at the moment they are asked for; ``bench.envreport``
-adds the versions and prints them, and the roofline's measurement of this
-machine names its CPU with ``cpu_model``.
+adds the versions and prints them, and ``models.measure`` names the CPU it
+measured with ``cpu_model``.
 """
 from __future__ import annotations
 

@@ -59,7 +59,8 @@ import numpy as np
 from ..core.masks import MaskSpec
 from ..kernels.counted import SCHEDULES, Traffic, traffic
 from ..kernels.flash_numpy import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from . import roofline, sram
+from ..core import hardware as presets
+from . import sram
 
 
 def _key_tile_ranges(mask: MaskSpec, block_q: int, block_k: int, skip: bool):
@@ -326,7 +327,7 @@ def levels(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", hw="h100_sxm",
     nk = seqlen_q if seqlen_k is None else seqlen_k
     dv = head_dim if head_dim_v is None else head_dim_v
     heads_k = heads if heads_k is None else heads_k
-    machine = roofline.hardware(hw)
+    machine = presets.hardware(hw)
     if machine.l2 is None:
         raise ValueError(f"{machine.name} has no L2 between its SRAM and DRAM; levels needs one")
     on_chip = attention_io(schedule, seqlen_q, nk, head_dim, dtype, head_dim_v=dv, block_q=block_q,
@@ -354,8 +355,8 @@ MEASURED_NCU = [
     # measured with ncu --clock-control none on 2026-12-01: bytes to and from DRAM, and L2 traffic.
     dict(kernel="PyTorch SDPA flash (FA2), fp16", machine="h200", batch=2, heads=16, head_dim=128, seqlen=4096,
          dram_bytes=132e6, l2_bytes=2.76e9, kind="measured", date="2026-12-01",
-         source="ncu on the course's H200 (issue 13)"),
+         source="ncu --clock-control none on the course's H200"),
     dict(kernel="PyTorch SDPA flash (FA2), fp16", machine="h200", batch=2, heads=16, head_dim=128, seqlen=16384,
          dram_bytes=654e6, l2_bytes=45e9, kind="measured", date="2026-12-01",
-         source="ncu on the course's H200 (issue 13)"),
+         source="ncu --clock-control none on the course's H200"),
 ]

@@ -31,7 +31,8 @@ FA3 / Triton pipeline, not FA2.
 
 ``occupancy(budget, hw)`` says whether the tile fits a preset and how many
 such blocks one SM (or core, or cluster) holds at once, limited by shared
-memory, registers, threads or the block limit.  The register count is an
+memory, registers, threads or the block limit (on a GPU, ``core.hardware.occupancy``
+counts the blocks from the preset's per-SM limits).  The register count is an
 estimate (bytes spread over the block's threads, plus ``REGISTER_OVERHEAD``
 for indices and pointers): the compiler decides the real one.  It depends on
 the warps: 128 x 128 at D = 128 spills with 4 warps (128 threads) and fits
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import roofline
+from ..core import hardware
 
 SHARED, REGISTERS = "shared", "registers"
 ALWAYS, INNER, EPILOGUE = "always", "inner loop", "epilogue"
@@ -217,7 +218,7 @@ class Occupancy:
 
 def occupancy(budget: TileBudget, hw, num_warps: int = 4) -> Occupancy:
     """Fit and blocks per SM (GPU) or per core / cluster / NPU (one-level SRAM)."""
-    hw = roofline.hardware(hw)
+    hw = hardware.hardware(hw)
     sram = int(float(hw.sram_per_unit))
     if hw.registers_per_unit is None:  # one SRAM holds everything
         blocks = sram // budget.total_bytes
@@ -227,23 +228,13 @@ def occupancy(budget: TileBudget, hw, num_warps: int = 4) -> Occupancy:
         return Occupancy(hw.name, fits, blocks, "SRAM", {"SRAM": blocks}, None, reason)
     threads = 32 * _positive_int("num_warps", num_warps)
     regs = budget.registers_per_thread(num_warps)
-    smem = budget.shared_bytes + hw.smem_reserved_per_block
-    max_block = int(float(hw.max_smem_per_block))
-    limits = {
-        "shared memory": sram // smem,
-        "registers": int(float(hw.registers_per_unit)) // (regs * threads),
-        "threads": hw.max_threads_per_unit // threads,
-        "blocks": hw.max_blocks_per_unit,
-    }
+    occ = hardware.occupancy(hw, regs, budget.shared_bytes, threads)
     problems = []
-    if budget.shared_bytes > max_block:
-        problems.append(f"shared memory {budget.shared_bytes:,} B > {max_block:,} B per block")
-        limits["shared memory"] = 0
-    if regs > hw.max_registers_per_thread:
+    if "shared memory" in occ.over_block:
+        problems.append(f"shared memory {budget.shared_bytes:,} B > {int(float(hw.max_smem_per_block)):,} B per block")
+    if "registers" in occ.over_block:
         problems.append(f"~{regs} registers per thread > {hw.max_registers_per_thread} (would spill)")
-        limits["registers"] = 0
-    limiter = min(limits, key=lambda k: limits[k])
-    blocks = limits[limiter]
+    limits, limiter, blocks = occ.limits, occ.limiter, occ.blocks
     fits = blocks >= 1
     if fits:
         reason = (f"{budget.shared_bytes:,} B shared, ~{regs} registers/thread x {threads} threads: "
@@ -259,8 +250,8 @@ def fits(budget: TileBudget, hw, num_warps: int = 4) -> bool:
 
 
 def fits_all(budget: TileBudget, num_warps: int = 4) -> dict:
-    """``occupancy`` against every preset in ``roofline.HARDWARE``, by key."""
-    return {key: occupancy(budget, key, num_warps) for key in roofline.HARDWARE}
+    """``occupancy`` against every preset in ``hardware.HARDWARE``, by key."""
+    return {key: occupancy(budget, key, num_warps) for key in hardware.HARDWARE}
 
 
 def largest_square_tile(head_dim: int, dtype, hw, *, num_warps: int = 4, candidates=(16, 32, 64, 128, 256)):
@@ -297,7 +288,7 @@ def draw_budget(ax, budget: TileBudget, hw, num_warps: int = 4):
     other machines: one bar against the SRAM of a core / NPU / cluster.  A
     capacity mark is red when the bar overruns it.
     """
-    hw = roofline.hardware(hw)
+    hw = hardware.hardware(hw)
     if hw.registers_per_unit is not None:
         threads = 32 * num_warps
         reg_cap = (hw.max_registers_per_thread - REGISTER_OVERHEAD) * 4 * threads
@@ -344,6 +335,6 @@ def plot_budget(budget: TileBudget, hw="h100_sxm", num_warps: int = 4, figsize=(
     fig, ax = plt.subplots(figsize=figsize)
     draw_budget(ax, budget, hw, num_warps)
     occ = occupancy(budget, hw, num_warps)
-    ax.set_title(f"{roofline.hardware(hw).name}: {occ.reason}", fontsize=8)
+    ax.set_title(f"{hardware.hardware(hw).name}: {occ.reason}", fontsize=8)
     fig.tight_layout()
     return fig

@@ -29,9 +29,10 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 
 from .. import checks
+from ..core import hardware as presets
 from ..kernels import counted
-from . import figstyle
-from ..models import iomodel, roofline, sram
+from ..models import iomodel, measure, roofline, sram
+from . import figstyle, roofline_plot
 
 POWERS_OF_TWO_TILES = (16, 32, 64, 128, 256)
 HEAD_DIMS = (32, 64, 128, 256)
@@ -40,7 +41,7 @@ SEQLENS = tuple(2 ** p for p in range(8, 18))  # 256 .. 131072
 
 
 def _hardware_options():
-    return [(hw.name, key) for key, hw in roofline.HARDWARE.items()]
+    return [(hw.name, key) for key, hw in presets.HARDWARE.items()]
 
 
 # -- the Explorer box -----------------------------------------------------------------
@@ -210,7 +211,7 @@ class TileSizeResult:
     within_tolerance: bool
 
     def summary(self) -> str:
-        hw = roofline.hardware(self.hardware)
+        hw = presets.hardware(self.hardware)
         b, o = self.budget, self.occupancy
         lines = [
             f"tile Br={self.block_q} Bc={self.block_k}, D={self.head_dim}, {self.dtype} on {hw.name}",
@@ -256,7 +257,7 @@ def _small_run(block_q, block_k, head_dim, dtype):
 def tile_size_numbers(block_q=64, block_k=64, head_dim=64, dtype="float16", hardware="h100_sxm",
                       seqlen=4096) -> TileSizeResult:
     """The numbers behind the tile-size explorer (and its static twin)."""
-    hw = roofline.hardware(hardware)
+    hw = presets.hardware(hardware)
     dtype = sram.dtype_name(dtype)
     budget = sram.tile_budget(block_q, block_k, head_dim, dtype)
     naive = iomodel.naive_io(seqlen, seqlen, head_dim, dtype)
@@ -278,7 +279,7 @@ def _draw_tile_size(fig, r: TileSizeResult):
     ax_budget, ax_io, ax_err = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     sram.draw_budget(ax_budget, r.budget, r.hardware)
     ax_budget.set_title(f"SRAM budget: {'fits' if r.occupancy.fits else 'does NOT fit'}"
-                        f" ({r.occupancy.blocks_per_unit} per {roofline.hardware(r.hardware).unit_name})",
+                        f" ({r.occupancy.blocks_per_unit} per {presets.hardware(r.hardware).unit_name})",
                         fontsize=10, color="black" if r.occupancy.fits else "red")
     names = ["naive", "flash (FA2)"]
     traffic = [r.naive.bytes / 2**20, r.flash.bytes / 2**20]
@@ -320,7 +321,7 @@ def tile_size_explorer(block_q=64, block_k=64, head_dim=64, dtype="float16", har
         "block_k": _selection_slider(widgets, "Bc (keys)", POWERS_OF_TWO_TILES, block_k),
         "head_dim": _dropdown(widgets, "D", list(HEAD_DIMS), head_dim),
         "dtype": _dropdown(widgets, "dtype", list(DTYPES), sram.dtype_name(dtype)),
-        "hardware": _dropdown(widgets, "hardware", _hardware_options(), roofline.hardware(hardware).key),
+        "hardware": _dropdown(widgets, "hardware", _hardware_options(), presets.hardware(hardware).key),
         "seqlen": _selection_slider(widgets, "N", SEQLENS, seqlen),
     }
     return _explorer_class()("tile-size-explorer", controls, tile_size_numbers, _draw_tile_size,
@@ -330,9 +331,9 @@ def tile_size_explorer(block_q=64, block_k=64, head_dim=64, dtype="float16", har
 # -- chapter 02: the roofline explorer --------------------------------------------------
 
 @functools.lru_cache(maxsize=1)
-def this_machine() -> roofline.Measurement:
-    """``roofline.measure_this_machine()``, measured once per session."""
-    return roofline.measure_this_machine()
+def this_machine() -> measure.Measurement:
+    """``measure.measure_this_machine()``, measured once per session."""
+    return measure.measure_this_machine()
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ class RooflineResult:
     traffic: dict  # schedule -> Traffic (two-level count)
     bounds: dict  # schedule -> two-level estimate on the preset (datasheet figures, every byte through HBM)
     here: dict  # schedule -> the same on this machine (measured figures)
-    measurement: roofline.Measurement
+    measurement: measure.Measurement
     flash_levels: iomodel.Levels | None = None  # FA2 with L2: None on a preset without an L2 figure
     flash_hbm_bound: roofline.Bound | None = None  # FA2's true bound on the preset (compulsory HBM bytes)
 
@@ -356,7 +357,7 @@ class RooflineResult:
         return ["naive", "fa2"] if self.show == "both" else (["naive"] if self.show == "naive" else ["fa2"])
 
     def summary(self) -> str:
-        hw = roofline.hardware(self.hardware)
+        hw = presets.hardware(self.hardware)
         peak_dtype = hw.rate_dtype(self.dtype)
         lines = [f"{hw.name}, N={self.seqlen}, D={self.head_dim}, {self.dtype}"
                  f"{', causal' if self.causal else ''}: ridge {hw.ridge(peak_dtype):.1f} FLOP/B "
@@ -375,11 +376,11 @@ class RooflineResult:
 
 
 def roofline_numbers(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float16", causal=False, show="both",
-                     measurement: roofline.Measurement | None = None) -> RooflineResult:
+                     measurement: measure.Measurement | None = None) -> RooflineResult:
     """The numbers behind the roofline explorer (and its static twin)."""
     if show not in ("naive", "flash", "both"):
         raise ValueError(f"show must be 'naive', 'flash' or 'both', got {show!r}")
-    hw = roofline.hardware(hardware)
+    hw = presets.hardware(hardware)
     dtype = sram.dtype_name(dtype)
     measurement = measurement or this_machine()
     traffic = {"naive": iomodel.naive_io(seqlen, seqlen, head_dim, dtype, causal=causal),
@@ -405,7 +406,7 @@ def _room_below(level, levels):
 
 def _draw_roofline(fig, r: RooflineResult):
     ax = fig.subplots()
-    hw = roofline.hardware(r.hardware)
+    hw = presets.hardware(r.hardware)
     points = []
     markers = {"naive": ("o", "#d62728", "naive"), "fa2": ("*", "#1f77b4", "flash (FA2)")}
     for s in r.schedules():
@@ -419,7 +420,7 @@ def _draw_roofline(fig, r: RooflineResult):
             points.append(dict(intensity=r.flash_levels.flops / r.flash_levels.compulsory_bytes,
                                flops=r.flash_hbm_bound.flops_per_s, marker="P", colour="#2ca02c",
                                label=f"{name}, compulsory HBM bytes (K/V in L2): the true bound"))
-    roofline.draw_roofline(ax, [hw, r.measurement], points, dtype=r.dtype, intensity_range=(0.5, 3e3))
+    roofline_plot.draw_roofline(ax, [hw, r.measurement], points, dtype=r.dtype, intensity_range=(0.5, 3e3))
     exp_roof = r.measurement.exp_per_s * r.traffic["fa2"].flops / r.traffic["fa2"].exps
     ax.axhline(exp_roof, color="#555555", ls=":", lw=1.2, label="this machine's exp roof: numpy exp/s x FLOP per exp")
     # Both exp roofs are labelled at the left end of their lines, where the memory slope keeps every
@@ -447,7 +448,7 @@ ROOFLINE_FIGSIZE = (8, 6.2)
 
 
 def roofline_figure(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float16", causal=False, show="both",
-                    measurement: roofline.Measurement | None = None):
+                    measurement: measure.Measurement | None = None):
     """Static twin of ``roofline_explorer``."""
     import matplotlib.pyplot as plt
 
@@ -457,12 +458,12 @@ def roofline_figure(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float1
 
 
 def roofline_explorer(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float16", causal=False, show="both",
-                      measurement: roofline.Measurement | None = None):
+                      measurement: measure.Measurement | None = None):
     """Hardware, N, D, dtype, causal, naive vs flash -> points on the roofline, with this machine's."""
     widgets = _import_widgets()
     measurement = measurement or this_machine()
     controls = {
-        "hardware": _dropdown(widgets, "hardware", _hardware_options(), roofline.hardware(hardware).key),
+        "hardware": _dropdown(widgets, "hardware", _hardware_options(), presets.hardware(hardware).key),
         "seqlen": _selection_slider(widgets, "N", SEQLENS, seqlen),
         "head_dim": _dropdown(widgets, "D", list(HEAD_DIMS), head_dim),
         "dtype": _dropdown(widgets, "dtype", list(DTYPES), sram.dtype_name(dtype)),
