@@ -1,8 +1,8 @@
 """Chapter 10's kernel steps (course_lib.kernels.cuda_steps) as a specification.
 
 The kernels run in numba's simulator, which must be chosen before numba is
-imported, so one subprocess (tests/cuda_steps_sim.py) runs every step on every
-awkward case (tails, Nq != Nk, GQA / MQA, causal both ways, window, softcap,
+imported, so one subprocess (tests/cuda_steps_sim.py) runs every CUDA impl of
+the registry (chapter 09's and each of chapter 10's steps) on every awkward case (tails, Nq != Nk, GQA / MQA, causal both ways, window, softcap,
 ALiBi, rows that see no key, split-KV, decode) and the planted mistakes, and
 the tests below read its verdicts.  The large shapes and the speeds ran on an
 H200 (benchmarks/gpu_steps.py, notebooks/records/gpu_steps.jsonl); nothing
@@ -42,20 +42,18 @@ def verdicts():
 
 
 def step_cases():
-    for step in cs.STEPS:
-        for name, case in sim.CASES.items():
-            if case[-1] > 1 and not (step == "tuned" or step.startswith("tiled")):
-                continue
-            yield pytest.param(step, name, id=f"{step}-{name}")
+    for name, case in sim.CASES.items():
+        for impl in (cs.SPLIT_KV_STEPS if case[-1] > 1 else sim.CUDA_IMPLS):
+            yield pytest.param(impl, name, id=f"{impl}-{name}")
 
 
 def test_the_simulator_ran_the_steps(verdicts):
     assert verdicts["where"] == "numba simulator"
 
 
-@pytest.mark.parametrize("step,case", list(step_cases()))
-def test_every_step_matches_the_reference_on_awkward_shapes(verdicts, step, case):
-    assert verdicts[f"{step}/{case}"] == "PASS"
+@pytest.mark.parametrize("impl,case", list(step_cases()))
+def test_every_step_matches_the_reference_on_awkward_shapes(verdicts, impl, case):
+    assert verdicts[f"{impl}/{case}"] == "PASS"
 
 
 @pytest.mark.parametrize("kind", PLANTED)
