@@ -6,25 +6,25 @@ validated dense inputs (see ``core.options``) and returning ``(out, lse)``:
 keyword arguments bound, and what that version changes.  Like llm.c's
 ``attention_forward.cu``, each version is a diff on the one before:
 
-=====================  ================================================================  ==========
-impl                   what it changes                                                   TFLOP/s
-=====================  ================================================================  ==========
-``reference``          float64 ``softmax(Q K^T) V``: the truth every impl is checked on
-``naive``              the same math in the input dtype (chapter 01)
-``flash_numpy``        tiles + online softmax, FA2 loop order: O stays on chip (ch. 05)
-``flash_numpy_fa1``    FA1's loop order: key tiles outside, O, l, m back to HBM each step
-``flash_numba_cpu``    chapter 08: ``flash_numpy``'s loops compiled, the tile plan on host
-``flash_numba_cuda``   chapter 09: one thread per query row, K / V tiles in shared memory
-``cuda_row``           chapter 10 starts from chapter 09's kernel, unchanged               16.2 / 8.9
-``cuda_row_exp2``      base 2: log2(e) folded into the scale, ``exp2`` = one ``ex2.approx``  16.6 / 9.0
-``cuda_tiled``         register micro-tiles: one shared load feeds RN (or RM) FMAs          6.4 / 5.3
-``cuda_tiled_unsigned``  unsigned shared indices: no wraparound test and add per access     7.5 / 7.0
-``cuda_tiled_padded``  shared rows padded by one float: no TX-way bank conflict            11.2 / 10.8
-``cuda_tiled_prefetch``  the next K / V tile loaded into registers during this one        13.6 / 10.5
-``cuda_tiled_vec4``    16-byte shared loads, warp shuffles, masks only where needed       25.6 / 13.9
-``cuda_tiled_staged``  every K / V load of a tile in flight at once, a tile ahead         30.4 / 33.6
-``cuda_tuned``         ``cuda_tiled_staged`` with tile sizes and threads autotuned per D   30.6 / 33.6
-=====================  ================================================================  ==========
+=======================  ===================================================================  ===========
+impl                     what it changes                                                          TFLOP/s
+=======================  ===================================================================  ===========
+``reference``            float64 ``softmax(Q K^T) V``: the truth every impl is checked on
+``naive``                the same math in the input dtype (chapter 01)
+``flash_numpy``          tiles + online softmax, FA2 loop order: O stays on chip (ch. 05)
+``flash_numpy_fa1``      FA1's loop order: key tiles outside, O, l, m back to HBM each step
+``flash_numba_cpu``      chapter 08: ``flash_numpy``'s loops compiled, the tile plan on host
+``flash_numba_cuda``     chapter 09: one thread per query row, K / V tiles in shared memory
+``cuda_row``             chapter 10 starts from chapter 09's kernel, unchanged                 16.2 / 8.9
+``cuda_row_exp2``        base 2: log2(e) folded into the scale, ``exp2`` one ``ex2.approx``    16.6 / 9.0
+``cuda_tiled``           register micro-tiles: one shared load feeds RN (or RM) FMAs            6.4 / 5.3
+``cuda_tiled_unsigned``  unsigned shared indices: no wraparound test and add per access         7.5 / 7.0
+``cuda_tiled_padded``    shared rows padded by one float: no TX-way bank conflict             11.2 / 10.8
+``cuda_tiled_prefetch``  the next K / V tile loaded into registers during this one            13.6 / 10.5
+``cuda_tiled_vec4``      16-byte shared loads, warp shuffles, masks only where needed         25.6 / 13.9
+``cuda_tiled_staged``    every K / V load of a tile in flight at once, a tile ahead           30.4 / 33.6
+``cuda_tuned``           ``cuda_tiled_staged`` with tile sizes and threads autotuned per D    30.6 / 33.6
+=======================  ===================================================================  ===========
 
 TFLOP/s: D = 64 / D = 128, float32, B*H = 64, N = 4096, not causal, CUDA events
 around the kernel on an NVIDIA H200, one run (notebooks/records/gpu_steps.jsonl,

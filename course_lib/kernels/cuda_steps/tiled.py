@@ -17,11 +17,9 @@ from __future__ import annotations
 import math
 
 try:
-    import numba
-    from numba import cuda, float32
-    from numba import int64, uint64
+    from numba import cuda, float32, int64, uint64
 except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are unavailable
-    numba = None
+    cuda = None
 
 from ...core import rules
 from .device import SIMULATOR, alibi_distance, finalize, max_nan, rescale_exp2, shift_of, softcap, visible
@@ -40,7 +38,7 @@ def make_tiled_kernel(tiling: Tiling, D: int, Dv: int):
     Br, Bc, NT, TX, TY, RM, RN = tiling.Br, tiling.Bc, tiling.threads, tiling.tx, tiling.ty, tiling.rm, tiling.rn
     QS, KS, PS, VS, RED, DP, EP, BP, RE = (L[n] for n in ("QS", "KS", "PS", "VS", "RED", "DP", "EP", "BP", "RE"))
     U = uint64 if tiling.unsigned else int64   # int64(x) changes nothing: numba's wraparound code stays
-    NK = -(-Bc * D // NT)            # K elements each thread carries to the next tile
+    NK = -(-Bc * D // NT)            # K elements each thread loads per tile
     NV = -(-Bc * EP // NT)
     NEG_INF = float32(-math.inf)
     LN2 = float32(rules.LN2)

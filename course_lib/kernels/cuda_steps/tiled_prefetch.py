@@ -11,11 +11,9 @@ from __future__ import annotations
 import math
 
 try:
-    import numba
-    from numba import cuda, float32
-    from numba import int64, uint64
+    from numba import cuda, float32, int64, uint64
 except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are unavailable
-    numba = None
+    cuda = None
 
 from ...core import rules
 from .device import SIMULATOR, alibi_distance, finalize, max_nan, rescale_exp2, shift_of, softcap, visible

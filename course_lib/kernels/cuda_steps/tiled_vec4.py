@@ -66,7 +66,7 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
     def vec4_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
                            offset, left, right, out, lse):
         """q (B, H, Nq, D) ... -> out (S, B, H, Nq, Dv), lse (S, B, H, Nq); grid (B*H, Tr, S)."""
-        H, Nq, Nk, Hk = q.shape[1], q.shape[2], k.shape[2], k.shape[1]
+        H, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
         b = cuda.blockIdx.x // H
         h = cuda.blockIdx.x % H
         tr = cuda.gridDim.y - 1 - cuda.blockIdx.y     # the last query tiles (the longest rows) first
