@@ -41,7 +41,7 @@ def make_prefetch_kernel(tiling: Tiling, D: int, Dv: int):
 
     @cuda.jit(fastmath=True, **caps)
     def prefetch_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
-                             offset, left, right, out, lse):
+                                offset, left, right, out, lse):
         """q (B, H, Nq, D) ... -> out (S, B, H, Nq, Dv), lse (S, B, H, Nq): S = gridDim.z splits."""
         H, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
         tr = cuda.blockIdx.x

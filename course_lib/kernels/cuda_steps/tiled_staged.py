@@ -51,7 +51,7 @@ def make_staged_kernel(tiling: Tiling, D: int, Dv: int):
 
     @cuda.jit(fastmath=True, **caps)
     def staged_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
-                           offset, left, right, out, lse):
+                              offset, left, right, out, lse):
         """q (B, H, Nq, D) ... -> out (S, B, H, Nq, Dv), lse (S, B, H, Nq); grid (B*H, Tr, S)."""
         H, Nq, Nk, Hk = q.shape[1], q.shape[2], k.shape[2], k.shape[1]
         b = cuda.blockIdx.x // H
@@ -63,7 +63,7 @@ def make_staged_kernel(tiling: Tiling, D: int, Dv: int):
         tx = t % TX
         ty = t // TX
         row0 = tr * Br
-        if SIMULATOR:                               # the simulator takes no alignment (and needs none)
+        if SIMULATOR:                 # the simulator takes no alignment (and needs none)
             sm = cuda.shared.array(0, float32)
         else:
             sm = cuda.shared.array(0, float32, alignment=16)

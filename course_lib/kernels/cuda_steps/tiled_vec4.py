@@ -64,7 +64,7 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
 
     @cuda.jit(fastmath=True, **caps)
     def vec4_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
-                           offset, left, right, out, lse):
+                            offset, left, right, out, lse):
         """q (B, H, Nq, D) ... -> out (S, B, H, Nq, Dv), lse (S, B, H, Nq); grid (B*H, Tr, S)."""
         H, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
         b = cuda.blockIdx.x // H
@@ -76,7 +76,7 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
         tx = t % TX
         ty = t // TX
         row0 = tr * Br
-        if SIMULATOR:                               # the simulator takes no alignment (and needs none)
+        if SIMULATOR:                 # the simulator takes no alignment (and needs none)
             sm = cuda.shared.array(0, float32)
         else:
             sm = cuda.shared.array(0, float32, alignment=16)
