@@ -15,12 +15,13 @@ def available_impls() -> list:
 
 
 def _impl(impl):
+    """The ``attention_forward`` of impl ``impl``."""
     if not isinstance(impl, str) or impl not in kernels.IMPLS:
         raise ValueError(f"impl must be one of {list(kernels.IMPLS)}, got {impl!r}")
-    module = kernels.load(impl)
-    if module is None:
+    forward = kernels.load(impl)
+    if forward is None:
         raise ValueError(f"impl {impl!r} is not available on this machine; available: {available_impls()}")
-    return module
+    return forward
 
 
 # -- the public functions -------------------------------------------------------
@@ -35,7 +36,7 @@ def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_r
     Returns out (batch, heads, seqlen_q, head_dim_v) in q's dtype, and with
     ``return_lse`` also lse (batch, heads, seqlen_q), natural log.
     """
-    return call_forward(_impl(impl).attention_forward, q, k, v, causal=causal,
+    return call_forward(_impl(impl), q, k, v, causal=causal,
                         causal_align=causal_align, window_size=window_size, softcap=softcap,
                         alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
                         block_q=block_q, block_k=block_k, return_lse=return_lse)
@@ -53,7 +54,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", c
     its own lengths.  Returns out (total_q, heads, head_dim_v) and, with
     ``return_lse``, lse (heads, total_q).
     """
-    return call_forward_varlen(_impl(impl).attention_forward, q, k, v, cu_seqlens_q, cu_seqlens_k,
+    return call_forward_varlen(_impl(impl), q, k, v, cu_seqlens_q, cu_seqlens_k,
                                causal=causal, causal_align=causal_align, window_size=window_size,
                                softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
                                block_q=block_q, block_k=block_k, return_lse=return_lse)

@@ -1,6 +1,7 @@
 """Run by tests/test_cuda_steps.py in a subprocess with NUMBA_ENABLE_CUDASIM=1 (numba's simulator
-must be chosen before numba is imported): every chapter-10 step on every case, and the planted
-mistakes, one JSON line of verdicts on stdout."""
+must be chosen before numba is imported): every CUDA impl of the registry on every case through
+``course_lib.attention``, split-KV on every micro-tiled step, and the planted mistakes, one JSON
+line of verdicts on stdout."""
 import json
 import sys
 from dataclasses import replace
@@ -8,11 +9,12 @@ from dataclasses import replace
 import numpy as np
 from numba import cuda
 
-from course_lib import checks
+import course_lib
+from course_lib import checks, kernels
 from course_lib.core import rules
 from course_lib.kernels import cuda_steps as cs
 
-# name: (B, H, Hk, Nq, Nk, D, Dv, options, splits)
+# name: (B, H, Hk, Nq, Nk, D, Dv, options, splits); the cases with splits > 1 are split-KV's
 CASES = {
     "tails_gqa_causal": (1, 4, 2, 21, 27, 16, 16, {"causal": True}, 1),
     "nq_gt_nk_odd_dims": (1, 2, 2, 19, 9, 7, 5, {}, 1),
@@ -25,6 +27,7 @@ CASES = {
     "split_kv_causal": (1, 2, 1, 9, 40, 8, 8, {"causal": True}, 3),
     "decode_split_kv": (2, 2, 1, 1, 45, 16, 16, {}, 4),
 }
+CUDA_IMPLS = [name for name, impl in kernels.IMPLS.items() if impl.cuda]
 
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, seed):
@@ -45,14 +48,19 @@ def verdict(fn):
         return f"ERROR {type(error).__name__}: {str(error)[:300]}"
 
 
-def run_case(step, name, seed=0):
+def run_case(impl, name, seed=0):
+    """impl (a registry name) on case ``name`` through course_lib.attention; a split-KV case runs
+    cuda_steps.attention with step ``impl`` and the case's splits."""
     B, H, Hk, Nq, Nk, D, Dv, options, splits = CASES[name]
     q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, seed)
     options = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
     tiling = replace(cs.DECODE_TILING, Bc=8, threads=8, tx=8) if name.startswith("decode") else None
 
     def go():
-        out, lse = cs.attention(q, k, v, step=step, tiling=tiling, splits=splits, return_lse=True, **options)
+        if splits > 1:
+            out, lse = cs.attention(q, k, v, step=impl, tiling=tiling, splits=splits, return_lse=True, **options)
+        else:
+            out, lse = course_lib.attention(q, k, v, impl=impl, return_lse=True, **options)
         assert out.dtype == np.float32 and lse.dtype == np.float32
         assert not np.isnan(out).any(), "an output element was never written (still the NaN poison)"
         checks.check_attention(out, q, k, v, lse=lse, **options)
@@ -65,7 +73,7 @@ def planted(kind):
     """The check must fail on each of these wrong answers (a plan or a launch edited on the host)."""
     q, k, v = problem(1, 2, 1, 19, 23, 8, 8, 3)
     causal = kind in ("partial_tile_marked_full", "skip_a_needed_tile")
-    real_plan = cs.plan
+    real_plan = cs.run.plan
 
     def bad_plan(step, q, k, v, opts, mask, **kw):
         p = real_plan(step, q, k, v, opts, mask, **kw)
@@ -82,20 +90,20 @@ def planted(kind):
         return replace(p, args=(visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes, offset, left, right))
     if kind == "wrong_kv_head":
         q, k, v = problem(1, 4, 2, 19, 23, 8, 8, 4)
-    cs.plan = bad_plan
+    cs.run.plan = bad_plan
     try:
         def go():
             out, lse = cs.attention(q, k, v, step="tuned", causal=causal, return_lse=True)
             checks.check_attention(out, q, k, v, lse=lse, causal=causal)
         return verdict(go)
     finally:
-        cs.plan = real_plan
+        cs.run.plan = real_plan
 
 
 def planted_merge():
     """Split-KV whose partial results are averaged instead of merged by their lse: must fail."""
     q, k, v = problem(1, 2, 2, 1, 40, 8, 8, 5)
-    real = cs.make_merge_kernel
+    real = cs.run.make_merge_kernel
 
     @cuda.jit
     def mean_merge(part_out, part_lse, out, lse):
@@ -109,14 +117,14 @@ def planted_merge():
                     acc += part_out[z, b, h, i, e]
                 out[b, h, i, e] = acc / S
             lse[b, h, i] = part_lse[0, b, h, i]
-    cs.make_merge_kernel = lambda: mean_merge
+    cs.run.make_merge_kernel = lambda: mean_merge
     try:
         def go():
             out, lse = cs.attention(q, k, v, step="tuned", splits=4, return_lse=True)
             checks.check_attention(out, q, k, v, lse=lse)
         return verdict(go)
     finally:
-        cs.make_merge_kernel = real
+        cs.run.make_merge_kernel = real
 
 
 if __name__ == "__main__":
@@ -124,11 +132,9 @@ if __name__ == "__main__":
     import io
     results = {}
     with contextlib.redirect_stdout(io.StringIO()):   # the checks print their verdicts; we keep ours
-        for step in cs.STEPS:
-            for name in CASES:
-                if CASES[name][-1] > 1 and step not in ("tuned",) and not step.startswith("tiled"):
-                    continue                          # split-KV is the micro-tiled kernel's
-                results[f"{step}/{name}"] = run_case(step, name)
+        for name, case in CASES.items():
+            for impl in (cs.SPLIT_KV_STEPS if case[-1] > 1 else CUDA_IMPLS):
+                results[f"{impl}/{name}"] = run_case(impl, name)
         for kind in ("partial_tile_marked_full", "skip_a_needed_tile", "natural_scale_in_base_2", "wrong_kv_head"):
             results[f"planted/{kind}"] = planted(kind)
         results["planted/mean_merge"] = planted_merge()

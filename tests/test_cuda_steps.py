@@ -1,8 +1,8 @@
 """Chapter 10's kernel steps (course_lib.kernels.cuda_steps) as a specification.
 
 The kernels run in numba's simulator, which must be chosen before numba is
-imported, so one subprocess (tests/cuda_steps_sim.py) runs every step on every
-awkward case (tails, Nq != Nk, GQA / MQA, causal both ways, window, softcap,
+imported, so one subprocess (tests/cuda_steps_sim.py) runs every CUDA impl of
+the registry (chapter 09's and each of chapter 10's steps) on every awkward case (tails, Nq != Nk, GQA / MQA, causal both ways, window, softcap,
 ALiBi, rows that see no key, split-KV, decode) and the planted mistakes, and
 the tests below read its verdicts.  The large shapes and the speeds ran on an
 H200 (benchmarks/gpu_steps.py, notebooks/records/gpu_steps.jsonl); nothing
@@ -19,10 +19,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from course_lib import bench
+import course_lib
+from course_lib import bench, kernels
 from course_lib.bench import cli as benchrun
 from course_lib.core import rules
 from course_lib.kernels import cuda_steps as cs
+from course_lib.kernels.cuda_steps import __main__ as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -42,25 +44,52 @@ def verdicts():
 
 
 def step_cases():
-    for step in cs.STEPS:
-        for name, case in sim.CASES.items():
-            if case[-1] > 1 and not (step == "tuned" or step.startswith("tiled")):
-                continue
-            yield pytest.param(step, name, id=f"{step}-{name}")
+    for name, case in sim.CASES.items():
+        for impl in (cs.SPLIT_KV_STEPS if case[-1] > 1 else sim.CUDA_IMPLS):
+            yield pytest.param(impl, name, id=f"{impl}-{name}")
 
 
 def test_the_simulator_ran_the_steps(verdicts):
     assert verdicts["where"] == "numba simulator"
 
 
-@pytest.mark.parametrize("step,case", list(step_cases()))
-def test_every_step_matches_the_reference_on_awkward_shapes(verdicts, step, case):
-    assert verdicts[f"{step}/{case}"] == "PASS"
+@pytest.mark.parametrize("impl,case", list(step_cases()))
+def test_every_step_matches_the_reference_on_awkward_shapes(verdicts, impl, case):
+    assert verdicts[f"{impl}/{case}"] == "PASS"
 
 
 @pytest.mark.parametrize("kind", PLANTED)
 def test_the_check_fails_on_each_planted_mistake(verdicts, kind):
     assert verdicts[f"planted/{kind}"].startswith("FAIL attention"), verdicts[f"planted/{kind}"]
+
+
+def test_one_step_checks_itself_from_the_command_line():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "course_lib.kernels.cuda_steps", "tiled_vec4", "--sim"],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(cli.CASES) and all("PASS" in line and "numba simulator" in line for line in lines)
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+def test_every_step_is_a_registered_cuda_impl_with_a_description():
+    steps = {impl.options["step"]: name for name, impl in kernels.IMPLS.items() if impl.function == "forward"}
+    assert set(steps) == set(cs.STEPS) and all(steps[s] == f"cuda_{s}" for s in cs.STEPS)
+    for name in steps.values():
+        impl = kernels.IMPLS[name]
+        assert impl.cuda and impl.what and "\n" not in impl.what
+        assert f"``{name}``" in kernels.__doc__          # a row of the registry's table
+
+
+def test_the_steps_are_listed_only_where_a_gpu_or_the_simulator_runs_them():
+    listed = {s for s in cs.STEPS if f"cuda_{s}" in course_lib.available_impls()}
+    assert listed == (set(cs.STEPS) if cs.available() else set())
+    if not cs.available():
+        with pytest.raises(ValueError, match="not available on this machine"):
+            course_lib.attention(np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 4, 4), np.float32),
+                                 np.zeros((1, 1, 4, 4), np.float32), impl="cuda_tuned")
 
 
 # -- the host side, in this process ---------------------------------------------------------

@@ -129,7 +129,7 @@ def test_causal_skips_the_tiles_above_the_diagonal():
 
 def test_an_impl_that_fails_to_import_is_an_error_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "course_lib.kernels.broken_kernel", None)  # import raises
-    monkeypatch.setitem(kernels.IMPLS, "broken_kernel", "course_lib.kernels.broken_kernel")
+    monkeypatch.setitem(kernels.IMPLS, "broken_kernel", kernels.Impl("course_lib.kernels.broken_kernel", "broken"))
     with pytest.raises(ImportError, match="broken_kernel"):
         kernels.load("broken_kernel")
     with pytest.raises(ImportError, match="broken_kernel"):
@@ -139,7 +139,7 @@ def test_an_impl_that_fails_to_import_is_an_error_naming_it(monkeypatch):
 def test_only_a_missing_optional_package_hides_an_impl(monkeypatch, tmp_path):
     (tmp_path / "needs_missing_package.py").write_text("import a_package_that_is_not_installed\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(kernels.IMPLS, "needs_missing_package", "needs_missing_package")
+    monkeypatch.setitem(kernels.IMPLS, "needs_missing_package", kernels.Impl("needs_missing_package", "needs a package"))
     assert kernels.load("needs_missing_package") is None
     assert "needs_missing_package" not in course_lib.available_impls()
     assert "flash_numba_cpu" in course_lib.available_impls()
@@ -148,7 +148,7 @@ def test_only_a_missing_optional_package_hides_an_impl(monkeypatch, tmp_path):
 def test_a_syntax_error_in_an_impl_is_an_error(monkeypatch, tmp_path):
     (tmp_path / "typo_kernel.py").write_text("def attention_forward(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(kernels.IMPLS, "typo_kernel", "typo_kernel")
+    monkeypatch.setitem(kernels.IMPLS, "typo_kernel", kernels.Impl("typo_kernel", "a typo"))
     with pytest.raises(ImportError, match="typo_kernel.*SyntaxError"):
         kernels.load("typo_kernel")
 

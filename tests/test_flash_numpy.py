@@ -27,9 +27,8 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 def run(loop_order, q, k, v, **options):
     """The flash forward in one loop order, through the public validation."""
-    if loop_order == "fa2":
-        return course_lib.attention(q, k, v, impl="flash_numpy", return_lse=True, **options)
-    return flash_numpy.attention_fa1(q, k, v, return_lse=True, **options)
+    impl = {"fa2": "flash_numpy", "fa1": "flash_numpy_fa1"}[loop_order]
+    return course_lib.attention(q, k, v, impl=impl, return_lse=True, **options)
 
 
 def make_qkv(rng, batch, heads, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_v, dtype, scale=1.0):
@@ -168,12 +167,12 @@ def test_inputs_are_not_modified():
 
 # -- loop orders, validation and the tile counts -----------------------------------------------
 
-def test_attention_fa1_validates_like_attention():
+def test_the_fa1_impl_validates_like_every_impl():
     q = np.zeros((1, 2, 4, 8))
     with pytest.raises(ValueError, match="head_dim"):
-        flash_numpy.attention_fa1(q, np.zeros((1, 2, 4, 7)), np.zeros((1, 2, 4, 7)))
+        course_lib.attention(q, np.zeros((1, 2, 4, 7)), np.zeros((1, 2, 4, 7)), impl="flash_numpy_fa1")
     with pytest.raises(ValueError, match="block_k"):
-        flash_numpy.attention_fa1(q, q, q, block_k=0)
+        course_lib.attention(q, q, q, impl="flash_numpy_fa1", block_k=0)
 
 
 def test_an_unknown_loop_order_is_refused():

@@ -1,21 +1,93 @@
-"""The attention impls, by name.
+"""The attention impls, by name: every kernel version of the course.
 
-Each impl is a module with ``attention_forward(q, k, v, opts, mask)`` taking
-validated dense inputs (see ``core.options``) and returning ``(out, lse)``,
-and optionally ``available() -> bool``.  Modules are imported on first use so
-that a missing optional package only disables its own impl; any other failure
-to import (a bug, a syntax error, a course module that is missing) is raised,
-with the impl's name, so that an impl never silently drops out of
-``available_impls()`` and out of every test that loops over it.
+Each impl is a function ``attention_forward(q, k, v, opts, mask)`` taking
+validated dense inputs (see ``core.options``) and returning ``(out, lse)``:
+``IMPLS[name]`` says in which module it lives, under which name, with which
+keyword arguments bound, and what that version changes.  Like llm.c's
+``attention_forward.cu``, each version is a diff on the one before:
+
+=======================  ===================================================================  ===========
+impl                     what it changes                                                          TFLOP/s
+=======================  ===================================================================  ===========
+``reference``            float64 ``softmax(Q K^T) V``: the truth every impl is checked on
+``naive``                the same math in the input dtype (chapter 01)
+``flash_numpy``          tiles + online softmax, FA2 loop order: O stays on chip (ch. 05)
+``flash_numpy_fa1``      FA1's loop order: key tiles outside, O, l, m back to HBM each step
+``flash_numba_cpu``      chapter 08: ``flash_numpy``'s loops compiled, the tile plan on host
+``flash_numba_cuda``     chapter 09: one thread per query row, K / V tiles in shared memory
+``cuda_row``             chapter 10 starts from chapter 09's kernel, unchanged                 16.2 / 8.9
+``cuda_row_exp2``        base 2: log2(e) folded into the scale, ``exp2`` one ``ex2.approx``    16.6 / 9.0
+``cuda_tiled``           register micro-tiles: one shared load feeds RN (or RM) FMAs            6.4 / 5.3
+``cuda_tiled_unsigned``  unsigned shared indices: no wraparound test and add per access         7.5 / 7.0
+``cuda_tiled_padded``    shared rows padded by one float: no TX-way bank conflict             11.2 / 10.8
+``cuda_tiled_prefetch``  the next K / V tile loaded into registers during this one            13.6 / 10.5
+``cuda_tiled_vec4``      16-byte shared loads, warp shuffles, masks only where needed         25.6 / 13.9
+``cuda_tiled_staged``    every K / V load of a tile in flight at once, a tile ahead           30.4 / 33.6
+``cuda_tuned``           ``cuda_tiled_staged`` with tile sizes and threads autotuned per D    30.6 / 33.6
+=======================  ===================================================================  ===========
+
+TFLOP/s: D = 64 / D = 128, float32, B*H = 64, N = 4096, not causal, CUDA events
+around the kernel on an NVIDIA H200, one run (notebooks/records/gpu_steps.jsonl,
+run 20261201T142142+0000; in the same run naive torch fp32 22.6 / 31.8, SDPA
+efficient fp32 35.1 / 45.1).  ``cuda_tuned`` is 1.36x / 1.06x naive torch and
+0.87x / 0.74x SDPA efficient; causal at N = 8192 runs 1.98x / 1.99x faster than
+non-causal; decode split-KV (splits from ``cuda_steps.decode_splits``) 5.4x /
+4.7x faster than one block per row.  The CPU impls' times are in
+notebooks/records/cpu_attention.jsonl and bench_cpu.jsonl.
+
+Where an impl runs.  ``cuda``: a CUDA kernel, float32 only; without a GPU a
+simulator runs it, one Python thread per CUDA thread, so it takes only small
+shapes (tests give the CUDA impls their own small loops).  ``flash_numba_cuda``
+runs in numba's simulator or in ``course_lib.cudacheck``; chapter 10's steps
+need a GPU or numba's simulator (``NUMBA_ENABLE_CUDASIM=1``), and are not
+listed by ``available_impls()`` where neither is.
+
+Modules are imported on first use so that a missing optional package only
+disables its own impl; any other failure to import (a bug, a syntax error, a
+course module that is missing) is raised, with the impl's name, so that an
+impl never silently drops out of ``available_impls()`` and out of every test
+that loops over it.
 """
+from __future__ import annotations
+
 import importlib
+from dataclasses import dataclass, field
+from functools import partial
+
+
+@dataclass(frozen=True)
+class Impl:
+    """Where one impl lives and what it is."""
+
+    module: str                              # the module that holds its function
+    what: str                                # one line: what this version changes
+    function: str = "attention_forward"      # the function's name in the module
+    options: dict = field(default_factory=dict)   # keyword arguments bound to it
+    cuda: bool = False                       # a CUDA kernel: float32 only, simulated (small shapes) without a GPU
+
+
+def _step(name, what):
+    return Impl("course_lib.kernels.cuda_steps", what, "forward", {"step": name}, cuda=True)
+
 
 IMPLS = {
-    "reference": "course_lib.core.reference",
-    "naive": "course_lib.kernels.naive",
-    "flash_numpy": "course_lib.kernels.flash_numpy",
-    "flash_numba_cpu": "course_lib.kernels.flash_numba_cpu",
-    "flash_numba_cuda": "course_lib.kernels.flash_numba_cuda",
+    "reference": Impl("course_lib.core.reference", "float64 softmax(Q K^T) V: the truth every impl is checked on"),
+    "naive": Impl("course_lib.kernels.naive", "the same math in the input dtype (chapter 01)"),
+    "flash_numpy": Impl("course_lib.kernels.flash_numpy", "tiles and online softmax, FA2 loop order (chapter 05)"),
+    "flash_numpy_fa1": Impl("course_lib.kernels.flash_numpy", "FA1's loop order: O, l, m back to HBM every step",
+                            "flash_forward", {"loop_order": "fa1"}),
+    "flash_numba_cpu": Impl("course_lib.kernels.flash_numba_cpu", "flash_numpy's loops compiled (chapter 08)"),
+    "flash_numba_cuda": Impl("course_lib.kernels.flash_numba_cuda",
+                             "one CUDA thread per query row, K / V tiles in shared memory (chapter 09)", cuda=True),
+    "cuda_row": _step("row", "chapter 10's start: chapter 09's kernel, unchanged"),
+    "cuda_row_exp2": _step("row_exp2", "base 2: log2(e) folded into the scale, exp2 one instruction"),
+    "cuda_tiled": _step("tiled", "register micro-tiles: one shared load feeds many FMAs"),
+    "cuda_tiled_unsigned": _step("tiled_unsigned", "unsigned shared indices: no wraparound code per access"),
+    "cuda_tiled_padded": _step("tiled_padded", "shared rows padded by one float: no bank conflicts"),
+    "cuda_tiled_prefetch": _step("tiled_prefetch", "the next K / V tile loaded into registers during this one"),
+    "cuda_tiled_vec4": _step("tiled_vec4", "16-byte shared loads, warp shuffles, masks only where needed"),
+    "cuda_tiled_staged": _step("tiled_staged", "every K / V load of a tile in flight at once, a tile ahead"),
+    "cuda_tuned": _step("tuned", "tiled_staged with tile sizes and threads autotuned per head dim"),
 }
 
 # Impls that compute attention for the learner; exercises may not call them.
@@ -23,9 +95,10 @@ COURSE_KERNELS = tuple(IMPLS)
 
 
 def load(name):
-    """The module of impl ``name``, or None when it is not usable here."""
+    """The ``attention_forward`` of impl ``name``, or None when it is not usable here."""
+    impl = IMPLS[name]
     try:
-        module = importlib.import_module(IMPLS[name])
+        module = importlib.import_module(impl.module)
     except ModuleNotFoundError as error:
         if error.name is None or error.name.split(".")[0] == "course_lib":
             raise ImportError(f"impl {name!r} failed to import: {error}") from error
@@ -33,4 +106,7 @@ def load(name):
     except Exception as error:
         raise ImportError(f"impl {name!r} failed to import: {type(error).__name__}: {error}") from error
     available = getattr(module, "available", None)
-    return module if available is None or available() else None
+    if available is not None and not available():
+        return None
+    forward = getattr(module, impl.function)
+    return partial(forward, **impl.options) if impl.options else forward

@@ -277,18 +277,9 @@ def flash_forward(q, k, v, opts, mask: MaskSpec, loop_order="fa2", stats: TileSt
 
 
 def attention_forward(q, k, v, opts, mask):
-    """impl ``flash_numpy``: the FA2 loop order (``tile_stats`` runs it and returns its counts)."""
+    """impl ``flash_numpy``: the FA2 loop order (impl ``flash_numpy_fa1`` is ``flash_forward`` with
+    ``loop_order="fa1"``; ``tile_stats`` runs either and returns its counts)."""
     return flash_forward(q, k, v, opts, mask, "fa2")
-
-
-def attention_fa1(q, k, v, **options):
-    """``course_lib.attention`` with the FA1 loop order: same options, same checks."""
-    return call_forward(partial(flash_forward, loop_order="fa1"), q, k, v, **options)
-
-
-def attention_fa2(q, k, v, **options):
-    """``course_lib.attention`` with the FA2 loop order (what impl ``flash_numpy`` runs)."""
-    return call_forward(partial(flash_forward, loop_order="fa2"), q, k, v, **options)
 
 
 def tile_stats(q, k, v, loop_order="fa2", **options) -> TileStats:
