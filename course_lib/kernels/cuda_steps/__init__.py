@@ -25,7 +25,7 @@ These kernels run on a GPU or in numba's simulator (``NUMBA_ENABLE_CUDASIM=1``);
 """
 from .device import on_gpu
 from .merge import make_merge_kernel
-from .occupancy import SM_LIMITS, SMS, occupancy
+from .occupancy import SMS, occupancy
 from .run import (FACTORY, SPLIT_KV_STEPS, STEPS, Plan, allow_shared, attention, available, forward, launcher,
                   plan, tiling_for, visit_lists)
 from .tiled import make_tiled_kernel
@@ -37,7 +37,7 @@ from .tiling import (CANDIDATES, DECODE_TILING, MAX_SHARED, SIM_TILING, STATIC_S
 from .tuning import DECODE_WAVES, autotune, decode_splits, resources
 
 __all__ = ["CANDIDATES", "DECODE_TILING", "DECODE_WAVES", "FACTORY", "MAX_SHARED", "Plan", "SIM_TILING", "SMS",
-           "SM_LIMITS", "SPLIT_KV_STEPS", "STATIC_SHARED", "STEPS", "STEP_TILING", "TUNED", "Tiling",
+           "SPLIT_KV_STEPS", "STATIC_SHARED", "STEPS", "STEP_TILING", "TUNED", "Tiling",
            "allow_shared", "attention", "autotune", "available", "decode_splits", "forward", "launcher",
            "make_merge_kernel", "make_prefetch_kernel", "make_staged_kernel", "make_tiled_kernel",
            "make_vec4_kernel", "occupancy", "on_gpu", "plan", "resources", "tiling_for", "visit_lists"]

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STATIC_SHARED = 48 * 1024       # what a block gets without asking the driver
-MAX_SHARED = 227 * 1024         # what an H100 / H200 block may get after asking
+from ...core import hardware
+
+_H200 = hardware.hardware("h200")
+STATIC_SHARED = _H200.static_smem_per_block            # what a block gets without asking the driver
+MAX_SHARED = int(float(_H200.max_smem_per_block))     # what an H200 block may get after asking
 
 
 @dataclass(frozen=True)
