@@ -197,7 +197,8 @@ def test_a_float_index_is_a_clear_type_error():
     @cuda.jit
     def half(a):
         a[cuda.grid(1) / 2] = 1
-    with pytest.raises(cudacheck.KernelError, match="must be an integer, got float"):
+    with pytest.raises(cudacheck.KernelError, match=r"at line \d+ of half \(`a\[cuda.grid\(1\) / 2\] = 1`\): "
+                       "index into a must be an integer, got float"):
         cudacheck.check(half, 1, 2, np.zeros(2, np.float32))
 
 
@@ -226,6 +227,23 @@ def test_the_kernel_objects_of_numbas_simulator_are_checked_too():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
     assert out.stdout.strip() == "FakeCUDAKernel ['race']"
 
+
+def test_cudacheck_imports_alone_as_the_grader_s_kernel_sandbox_holds_it():
+    """The kernel sandbox binds the package beside its worker: no course_lib and no numba around it."""
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'course_lib')!r})\n"
+        "import numpy as np\n"
+        "import cudacheck\n"
+        "cuda = cudacheck.STANDIN\n"
+        "@cuda.jit\n"
+        "def shift(a):\n"
+        "    a[cuda.threadIdx.x] = a[cuda.threadIdx.x + 1]\n"
+        "print(sorted(cudacheck.check(shift, 1, 4, np.zeros(4, np.float32)).kinds))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'course_lib', 'numba'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.split("\n")[:2] == ["['out_of_bounds', 'race']", "[]"], out.stdout
 
 # ---------------------------------------- the record made on the H200
 
