@@ -13,7 +13,8 @@ import pytest
 from numba import cuda, float32
 
 from course_lib import cudacheck
-from course_lib.cudacheck_corpus import CASES, RECORD, TOOLS, comparison_table, load_record
+from course_lib.cudacheck.corpus import CASES
+from course_lib.cudacheck.sanitizer_record import RECORD, TOOLS, comparison_table, load_record
 
 ROOT = Path(__file__).resolve().parent.parent
 

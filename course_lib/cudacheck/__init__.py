@@ -53,7 +53,9 @@ function rebound to ``fakecuda``, the ``cuda`` it sees), ``launch`` (arguments
 in and out, allocations), ``schedule`` (one thread at a time, barriers),
 ``memory`` (traced arrays) and ``hazards`` (the access log: races, bounds,
 uninitialized reads), ``report`` (what was found); ``grid`` and ``sites``
-name threads and source lines in its messages.  Nothing here imports the rest of
+name threads and source lines in its messages.  ``corpus`` holds kernels
+with planted bugs and their fixed twins, ``sanitizer_record`` what NVIDIA's
+compute-sanitizer said of them.  Nothing here imports the rest of
 ``course_lib``: the grader's kernel sandbox holds this package alone.
 """
 from __future__ import annotations
