@@ -1,45 +1,12 @@
-"""Small CUDA kernels with one planted bug each, beside their fixed twins: cudacheck's test bench.
-
-Each ``Case`` holds a kernel with a bug a learner really makes (a missing
-barrier, a read past the tail, an early return before ``syncthreads``...), the
-same kernel fixed, a launch and the numpy answer the fixed twin must give.
-``tests/test_cudacheck.py`` holds cudacheck to them on every CI run;
-``benchmarks/sanitizer_corpus.py`` runs the very same kernels on a GPU under
-NVIDIA's ``compute-sanitizer`` and records what each tool flagged beside what
-cudacheck flagged (``sanitizer_record`` reads that record).
-
-    from course_lib import cudacheck
-    from course_lib.cudacheck.corpus import CASES
-    for case in CASES:
-        print(case.name, cudacheck.check(case.buggy, case.griddim, case.blockdim, *case.args()).kinds)
-"""
+"""The bugs every first CUDA kernel risks: a missing barrier, a read past the tail, a barrier some
+threads never reach, memory read before anything wrote it; each beside its fixed twin."""
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from numba import cuda, float32
 
-from .memory import uninitialized
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    bug: str                 # the planted bug, in a learner's words
-    buggy: object            # the @cuda.jit kernel with the bug
-    fixed: object            # its twin, with the bug fixed
-    griddim: object
-    blockdim: object
-    args: Callable           # () -> fresh launch arguments
-    expect: str              # the cudacheck kind the bug must raise
-    spec: Callable           # args -> {argument position: the array the fixed twin leaves there}
-    blind_spot: str = ""     # why a compute-sanitizer tool cannot see this bug, where its documents say
-
-
-def _ramp(n):
-    return np.arange(n, dtype=np.float32) % 13 - 6.0
+from ..memory import uninitialized
+from .case import Case, ramp
 
 
 # 1 --------------------------------------------------------------------------
@@ -467,66 +434,60 @@ def _scaled(factor):
 
 CASES = (
     Case("reverse_no_barrier", "reads a shared slot another warp writes, with no syncthreads between",
-         reverse_buggy, reverse_fixed, 2, 64, lambda: (_ramp(128), np.zeros(128, np.float32)), "race",
+         reverse_buggy, reverse_fixed, 2, 64, lambda: (ramp(128), np.zeros(128, np.float32)), "race",
          lambda a, out: {1: a.reshape(2, 64)[:, ::-1].reshape(-1)}),
     Case("tile_loop_no_second_barrier", "the next tile load overwrites shared memory other threads still read",
-         tile_loop_buggy, tile_loop_fixed, 1, 64, lambda: (_ramp(256), np.zeros(64, np.float32)), "race",
+         tile_loop_buggy, tile_loop_fixed, 1, 64, lambda: (ramp(256), np.zeros(64, np.float32)), "race",
          _tile_loop_spec),
     Case("tree_sum_barrier_outside_loop", "one syncthreads after the halving loop instead of one per step",
-         tree_sum_buggy, tree_sum_fixed, 2, 128, lambda: (_ramp(256), np.zeros(2, np.float32)), "race",
+         tree_sum_buggy, tree_sum_fixed, 2, 128, lambda: (ramp(256), np.zeros(2, np.float32)), "race",
          lambda a, out: {1: a.reshape(2, 128).sum(axis=1, dtype=np.float32)}),
     Case("no_tail_guard", "128 threads for 100 elements, no `if i < n`",
-         scale_buggy, scale_fixed, 2, 64, lambda: (_ramp(100), np.zeros(100, np.float32)), "out_of_bounds",
+         scale_buggy, scale_fixed, 2, 64, lambda: (ramp(100), np.zeros(100, np.float32)), "out_of_bounds",
          _scaled(2)),
     Case("tile_load_past_tail", "the last K tile is loaded without a guard (N = 40, tiles of 32)",
-         tile_tail_buggy, tile_tail_fixed, 1, 32, lambda: (_ramp(40), np.zeros(32, np.float32)), "out_of_bounds",
+         tile_tail_buggy, tile_tail_fixed, 1, 32, lambda: (ramp(40), np.zeros(32, np.float32)), "out_of_bounds",
          lambda k, out: {1: np.full(32, k.sum(dtype=np.float32), np.float32)}),
     Case("shared_indexed_by_global_index", "the shared tile is indexed with cuda.grid(1), not threadIdx.x",
          shared_global_index_buggy, shared_global_index_fixed, 4, 64,
-         lambda: (_ramp(256), np.zeros(256, np.float32)), "out_of_bounds", _pair_sum_spec),
+         lambda: (ramp(256), np.zeros(256, np.float32)), "out_of_bounds", _pair_sum_spec),
     Case("shared_tail_never_written", "past the tail nobody writes the shared slot, and thread 0 sums it",
-         block_sum_tail_buggy, block_sum_tail_fixed, 2, 64, lambda: (_ramp(100), np.zeros(2, np.float32)),
+         block_sum_tail_buggy, block_sum_tail_fixed, 2, 64, lambda: (ramp(100), np.zeros(2, np.float32)),
          "uninitialized",
          lambda a, out: {1: np.array([a[:64].sum(), a[64:].sum()], np.float32)},
          "initcheck checks global memory only, not shared memory"),
     Case("accumulate_into_unwritten_output", "out[i] += ... into cuda.device_array memory nobody wrote",
-         accumulate_buggy, accumulate_fixed, 2, 64, lambda: (_ramp(100), uninitialized(100, np.float32)),
+         accumulate_buggy, accumulate_fixed, 2, 64, lambda: (ramp(100), uninitialized(100, np.float32)),
          "uninitialized", lambda a, out: {1: a}),
     Case("local_accumulator_not_zeroed", "a cuda.local.array accumulator used without setting it to 0",
          local_acc_buggy, local_acc_fixed, 1, 32,
-         lambda: (_ramp(24).reshape(6, 4), np.zeros(32, np.float32)), "uninitialized",
+         lambda: (ramp(24).reshape(6, 4), np.zeros(32, np.float32)), "uninitialized",
          lambda a, out: {1: a.sum(dtype=np.float32) * np.arange(1, 33, dtype=np.float32)},
          "initcheck checks global memory only; a cuda.local.array is local memory"),
     Case("barrier_inside_tail_branch", "syncthreads inside `if t < n`, n = 40 of 64 threads",
          barrier_in_branch_buggy, barrier_in_branch_fixed, 1, 64,
-         lambda: (_ramp(64), np.zeros(64, np.float32), 40), "barrier",
+         lambda: (ramp(64), np.zeros(64, np.float32), 40), "barrier",
          lambda a, out, n: {1: np.concatenate([a[:n][::-1], out[n:]])}),
     Case("early_return_before_barrier", "`if i >= n: return` before the tile load and its syncthreads",
-         early_return_buggy, early_return_fixed, 2, 64, lambda: (_ramp(100), np.zeros(100, np.float32)),
+         early_return_buggy, early_return_fixed, 2, 64, lambda: (ramp(100), np.zeros(100, np.float32)),
          "barrier", _early_return_spec),
     Case("a_barrier_per_branch", "each warp waits at a syncthreads of its own branch",
-         split_barriers_buggy, split_barriers_fixed, 1, 64, lambda: (_ramp(64), np.zeros(64, np.float32)),
+         split_barriers_buggy, split_barriers_fixed, 1, 64, lambda: (ramp(64), np.zeros(64, np.float32)),
          "barrier", lambda a, out: {1: np.roll(a, 32)}),
     Case("blocks_add_to_one_element", "every block does out[0] += partial, no atomic",
-         grid_sum_buggy, grid_sum_fixed, 4, 64, lambda: (_ramp(256), np.zeros(1, np.float32)), "race",
+         grid_sum_buggy, grid_sum_fixed, 4, 64, lambda: (ramp(256), np.zeros(1, np.float32)), "race",
          lambda a, out: {1: np.array([a.sum(dtype=np.float32)], np.float32)},
          "racecheck checks shared memory only; this race is on global memory, between blocks"),
     Case("stencil_negative_index", "a[i - 1] at i = 0: numba wraps it to a[-1]",
-         stencil_buggy, stencil_fixed, 1, 64, lambda: (_ramp(64), np.zeros(64, np.float32)), "out_of_bounds",
+         stencil_buggy, stencil_fixed, 1, 64, lambda: (ramp(64), np.zeros(64, np.float32)), "out_of_bounds",
          _stencil_spec, "numba wraps a[-1] to the last element, so the access stays inside the allocation"),
     Case("matmul_no_second_barrier", "tiled matmul without the barrier at the end of the k loop",
          matmul_buggy, matmul_fixed, (2, 2), (TILE, TILE),
-         lambda: (_ramp(32 * 64).reshape(32, 64) / 8, _ramp(64 * 32).reshape(64, 32)[::-1].copy() / 8,
+         lambda: (ramp(32 * 64).reshape(32, 64) / 8, ramp(64 * 32).reshape(64, 32)[::-1].copy() / 8,
                   np.zeros((32, 32), np.float32)), "race",
          lambda A, B, C: {2: (A.astype(np.float64) @ B).astype(np.float32)}),
     Case("causal_loop_per_row", "the K-tile loop's trip count depends on the row, with barriers inside",
-         causal_loop_buggy, causal_loop_fixed, 1, 64, lambda: (_ramp(64), np.zeros(64, np.float32)), "barrier",
+         causal_loop_buggy, causal_loop_fixed, 1, 64, lambda: (ramp(64), np.zeros(64, np.float32)), "barrier",
          _causal_spec),
 )
 
-
-def case(name) -> Case:
-    for c in CASES:
-        if c.name == name:
-            return c
-    raise KeyError(f"no corpus case {name!r}; the cases are {', '.join(c.name for c in CASES)}")
