@@ -24,6 +24,10 @@ numpy arrays (copied in, and copied back if writable, as a launch does), device
 arrays, scalars, and ``uninitialized(shape, dtype)`` where the GPU code would
 pass ``cuda.device_array`` (memory nobody has written yet).
 
+It runs the kernel as the GPU would, not as Python would: a ``cuda.shared.array``
+is one array for the block, however often its declaration runs (a device
+function called twice, a loop's every trip).
+
 What it reports, naming the block and thread, the array, the index and the line:
 - ``race``: an element written by one thread and read or written by another
   with no ``cuda.syncthreads()`` between them (same block, same barrier

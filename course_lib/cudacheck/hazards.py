@@ -126,6 +126,10 @@ class AccessLog:
         else:
             fix = "Let one thread write each element, or separate the writes with cuda.syncthreads()."
             when = "in the same barrier interval"
+        if mem.redeclared:
+            fix += (f" `{mem.name}` is one array for the whole block, however often its declaration runs: "
+                    "every call of the function that declares it, every trip of the loop, uses the same "
+                    "shared memory, so a barrier must end each use before the next begins.")
         other_thread = self.grid.who_else(other, self.scheduler.block_linear)
         self._report("race", (mem.name, at[1], other_site[1]), t,
                      f"{mem.title()}: {self.grid.who(t)} {verb} {array.name}[{index_str(index)}] at "

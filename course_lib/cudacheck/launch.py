@@ -116,13 +116,15 @@ class Launch:
             raise NotImplementedError("cudacheck does not model dynamic shared memory (a shared array of "
                                       "shape 0): give the array its size, a compile-time constant")
         name = declared_name(at, f"{space} array at line {at[1]}")
-        if space == "shared":  # one array per call site (and per call there) for the whole block
+        if space == "shared":  # one static array per declaration for the whole block, as in the PTX
             t = self.scheduler.thread
-            n = t.allocations[at] = t.allocations.get(at, 0) + 1
-            mem = self.shared.get((at, n))
+            n = t.declarations[at] = t.declarations.get(at, 0) + 1
+            mem = self.shared.get((at, shape, dtype))
             if mem is not None:
+                mem.redeclared = mem.redeclared or n > 1
                 return TracedArray(mem, mem.data, name)
-            mem = self.shared[(at, n)] = Memory(self.log, name, space, np.full(shape, junk(dtype), dtype), False)
+            mem = Memory(self.log, name, space, np.full(shape, junk(dtype), dtype), False)
+            self.shared[(at, shape, dtype)] = mem
         else:
             mem = Memory(self.log, name, space, np.full(shape, junk(dtype), dtype), False)
         self.memories.append(mem)

@@ -57,6 +57,7 @@ class Memory:
         self.writes = {}   # flat index -> (thread, interval, site, atomic) of the last write
         self.reads = {}    # flat index -> [interval, thread, site, other thread, other site, older-block thread, site]
         self.n_reads = self.n_writes = 0
+        self.redeclared = False  # shared: a thread ran its declaration again (a second call, a loop's next trip)
 
     def title(self):
         return f"{self.space} array `{self.name}`" if self.space != "global" else f"`{self.name}`"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import check
 from .corpus import CASES
 
 RECORD = Path(__file__).resolve().parents[2] / "notebooks" / "records" / "sanitizer_corpus.jsonl"
@@ -44,7 +45,8 @@ def comparison_table(path=RECORD) -> str:
     `crashed` / `fault` / `timeout`; `fixed twin` says whether every tool and
     cudacheck passed it; the last column, whether the buggy kernel's answer on
     the GPU (run without a sanitizer) was right anyway, a bug that did not show,
-    over every run of the record on that GPU.  The tools' columns are the latest run's.
+    over every run of the record on that GPU.  The tools' columns are the latest run's; a case
+    added since reads `no verdict yet` there, beside cudacheck's verdict of today.
     """
     records, every = load_record(path), load_record(path, every_run=True)
     env = records[0]["environment"]
@@ -66,6 +68,12 @@ def comparison_table(path=RECORD) -> str:
                               (name, "buggy", TOOLS[0]) and r["environment"]["gpu"] == env["gpu"]])
         rows.append(f"| `{name}` ({buggy[0]['bug']}) | " + " | ".join(cells) +
                     f" | {', '.join(kinds) or '-'} | {'all clean' if clean else 'NOT clean'} | {answer} |")
+    for c in CASES:   # cases added since the run on the GPU: cudacheck's verdict now, the tools' still to come
+        if c.name not in names:
+            buggy, fixed = (check(getattr(c, v), c.griddim, c.blockdim, *c.args()) for v in ("buggy", "fixed"))
+            rows.append(f"| `{c.name}` ({c.bug}) | " + " | ".join("no verdict yet" for _ in TOOLS) +
+                        f" | {', '.join(sorted(buggy.kinds)) or '-'} | "
+                        f"{'cudacheck clean, tools not run' if fixed.ok else 'NOT clean'} | not run yet |")
     missed = [n for n in names if not any(by[(n, "buggy", t)]["sanitizer"]["flagged"] for t in TOOLS)]
     foot = ""
     if missed:
@@ -75,6 +83,10 @@ def comparison_table(path=RECORD) -> str:
         for n in missed:
             known = {c.name: c.blind_spot for c in CASES}.get(n) or "no tool reported an error on this GPU"
             foot += f"\n- `{n}`: {known}."
+    new = [c.name for c in CASES if c.name not in names]
+    if new:
+        foot += (f"\n\n{len(new)} cases added since this run have no compute-sanitizer verdict yet: "
+                 f"{', '.join(f'`{n}`' for n in new)}.")
     return head + "\n".join(rows) + foot
 
 

@@ -37,7 +37,7 @@ class SimThread:
         self.predicate = None
         self.result = None
         self.error = None
-        self.allocations = {}         # (code, line) -> how many arrays this thread allocated there
+        self.declarations = {}        # (code, line) -> how often this thread ran the shared array declared there
         self.os_thread = threading.Thread(target=self.main, daemon=True,
                                           name=f"cudacheck block {blockIdx} thread {self.threadIdx}")
 

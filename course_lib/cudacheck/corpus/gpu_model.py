@@ -1,0 +1,87 @@
+"""Bugs a simulator only sees, and correct kernels it only passes, when it does what the GPU does:
+a ``cuda.shared.array`` is one array for the block however often its line runs."""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32
+
+from .case import Case, ramp
+
+
+# 1 --------------------------------------------------------------------------
+@cuda.jit(device=True)
+def block_total_buggy(x):
+    buf = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    buf[t] = x
+    cuda.syncthreads()
+    total = float32(0)
+    for j in range(64):
+        total += buf[j]
+    return total                     # the next call writes buf while other threads still read it
+
+
+@cuda.jit
+def two_totals_buggy(a, b, out):
+    i = cuda.grid(1)
+    out[i] = block_total_buggy(a[i]) - block_total_buggy(b[i])
+
+
+@cuda.jit(device=True)
+def block_total_fixed(x):
+    buf = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    buf[t] = x
+    cuda.syncthreads()
+    total = float32(0)
+    for j in range(64):
+        total += buf[j]
+    cuda.syncthreads()               # every thread has read buf before the next call writes it
+    return total
+
+
+@cuda.jit
+def two_totals_fixed(a, b, out):
+    i = cuda.grid(1)
+    out[i] = block_total_fixed(a[i]) - block_total_fixed(b[i])
+
+
+def _two_totals_spec(a, b, out):
+    per_block = a.reshape(2, 64).sum(axis=1) - b.reshape(2, 64).sum(axis=1)
+    return {2: np.repeat(per_block, 64).astype(np.float32)}
+
+
+# 2 --------------------------------------------------------------------------
+@cuda.jit
+def tile_in_loop_buggy(a, out):
+    t = cuda.threadIdx.x
+    acc = float32(0)
+    for base in range(0, a.shape[0], 64):
+        tile = cuda.shared.array(64, float32)   # one array for the block, not a fresh one per trip
+        tile[t] = a[base + t]
+        cuda.syncthreads()
+        acc += tile[63 - t]
+    out[t] = acc
+
+
+@cuda.jit
+def tile_in_loop_fixed(a, out):
+    t = cuda.threadIdx.x
+    acc = float32(0)
+    for base in range(0, a.shape[0], 64):
+        tile = cuda.shared.array(64, float32)
+        tile[t] = a[base + t]
+        cuda.syncthreads()
+        acc += tile[63 - t]
+        cuda.syncthreads()
+    out[t] = acc
+
+
+CASES = (
+    Case("device_function_shared_reused", "a device function with a shared array, called twice, no barrier "
+         "at its end", two_totals_buggy, two_totals_fixed, 2, 64,
+         lambda: (ramp(128), ramp(128)[::-1].copy(), np.zeros(128, np.float32)), "race", _two_totals_spec),
+    Case("shared_array_declared_in_loop", "a shared tile declared inside the tile loop, no barrier at its end",
+         tile_in_loop_buggy, tile_in_loop_fixed, 1, 64, lambda: (ramp(256), np.zeros(64, np.float32)), "race",
+         lambda a, out: {1: a.reshape(4, 64)[:, ::-1].sum(axis=0, dtype=np.float32)}),
+)
