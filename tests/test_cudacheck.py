@@ -45,7 +45,7 @@ def test_every_fixed_twin_passes_and_gives_the_spec_answer(c):
     report, args = run(c, "fixed")
     assert report.ok, str(report)
     assert "no races, barrier errors, out-of-bounds or uninitialized reads" in str(report)
-    results = [a.copy_to_host() if isinstance(a, cudacheck.Uninitialized) else a for a in args]
+    results = [a.copy_to_host() if hasattr(a, "copy_to_host") else a for a in args]
     fresh = [np.zeros(a.shape, a.dtype) if isinstance(a, cudacheck.Uninitialized) else a for a in c.args()]
     for pos, want in c.spec(*fresh).items():
         np.testing.assert_allclose(results[pos], want, rtol=1e-5, atol=1e-5)
@@ -275,6 +275,30 @@ def test_a_shared_array_is_one_array_per_block_however_often_its_declaration_run
     fixed = cudacheck.check(twice, 1, 32, a, out, True)
     assert fixed.ok, str(fixed)
     np.testing.assert_array_equal(out, np.full(32, 3 * a.sum(), np.float32))
+
+
+def test_one_device_array_passed_twice_is_one_buffer_and_host_arrays_are_copied_one_by_one():
+    @cuda.jit
+    def shift(a, out):
+        i = cuda.grid(1)
+        out[i] = a[i - 1] if i > 0 else 0
+
+    @cuda.jit
+    def double(a, out):
+        i = cuda.grid(1)
+        out[i] = 2 * a[i]
+
+    x = cudacheck.to_device(np.arange(64, dtype=np.float32))
+    report = cudacheck.check(shift, 1, 64, x, x)
+    assert report.kinds == {"race"}, str(report)
+    assert report.findings[0].array == "`a` (the same device array as `out`)"
+    assert "`a` and `out` are one device array in this launch" in report.findings[0].message
+    assert report.global_reads == {"a": 63, "out": 0}
+    y = cudacheck.to_device(np.arange(64, dtype=np.float32))
+    assert cudacheck.check(double, 2, 32, y, y).ok   # each element read, then written, by one thread
+    np.testing.assert_array_equal(y.copy_to_host(), 2 * np.arange(64, dtype=np.float32))
+    host = np.arange(64, dtype=np.float32)   # a launch copies each host argument to a buffer of its own
+    assert cudacheck.check(shift, 1, 64, host, host).ok
 
 
 # ---------------------------------------- the record made on the H200

@@ -21,12 +21,14 @@ under it): cudacheck runs its Python body with ``cuda`` replaced by a tracing
 twin, the same trick numba's own simulator uses, and follows calls into
 ``@cuda.jit(device=True)`` helpers.  Arguments are what the launch would take:
 numpy arrays (copied in, and copied back if writable, as a launch does), device
-arrays, scalars, and ``uninitialized(shape, dtype)`` where the GPU code would
-pass ``cuda.device_array`` (memory nobody has written yet).
+arrays, scalars, ``uninitialized(shape, dtype)`` where the GPU code would pass
+``cuda.device_array`` (memory nobody has written yet) and ``to_device(array)``
+where it would pass ``cuda.to_device(array)``.
 
 It runs the kernel as the GPU would, not as Python would: a ``cuda.shared.array``
 is one array for the block, however often its declaration runs (a device
-function called twice, a loop's every trip).
+function called twice, a loop's every trip), and one device array passed as two
+arguments is one buffer.
 
 What it reports, naming the block and thread, the array, the index and the line:
 - ``race``: an element written by one thread and read or written by another
@@ -68,11 +70,11 @@ from .binding import STANDIN, SourceKernel, python_function
 from .fakecuda import WARP_SIZE
 from .grid import Dim3, dim3
 from .launch import Launch
-from .memory import TracedArray, Uninitialized, uninitialized
+from .memory import DeviceArray, TracedArray, Uninitialized, to_device, uninitialized
 from .report import KINDS, Finding, KernelError, Report
 
-__all__ = ["check", "Report", "Finding", "KernelError", "KINDS", "uninitialized", "Uninitialized",
-           "STANDIN", "SourceKernel", "TracedArray", "Dim3", "WARP_SIZE"]
+__all__ = ["check", "Report", "Finding", "KernelError", "KINDS", "uninitialized", "Uninitialized", "to_device",
+           "DeviceArray", "STANDIN", "SourceKernel", "TracedArray", "Dim3", "WARP_SIZE"]
 
 
 def check(kernel, griddim, blockdim, *args) -> Report:

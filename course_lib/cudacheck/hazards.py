@@ -126,6 +126,9 @@ class AccessLog:
         else:
             fix = "Let one thread write each element, or separate the writes with cuda.syncthreads()."
             when = "in the same barrier interval"
+        if len(mem.names) > 1:
+            fix += (f" {' and '.join(f'`{n}`' for n in mem.names)} are one device array in this launch: "
+                    "pass a separate output (a copy), or let every thread read before any thread writes.")
         if mem.redeclared:
             fix += (f" `{mem.name}` is one array for the whole block, however often its declaration runs: "
                     "every call of the function that declares it, every trip of the loop, uses the same "

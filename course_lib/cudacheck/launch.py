@@ -44,8 +44,13 @@ class Launch:
         if len(params) != len(args):
             raise TypeError(f"{fn.__name__} takes {len(params)} arguments ({', '.join(params)}), "
                             f"{len(args)} were given")
-        out = []
+        out, passed = [], {}   # passed: id of a device-side argument -> the array it became
         for name, arg in zip(params, args):
+            if (isinstance(arg, Uninitialized) or hasattr(arg, "copy_to_host")) and id(arg) in passed:
+                mem = passed[id(arg)]._mem.alias(name)   # one device array passed twice is one buffer
+                self.memories.append(mem)
+                out.append(TracedArray(mem, mem.data, name))
+                continue
             if isinstance(arg, Uninitialized):
                 data = np.full(arg.shape, junk(arg.dtype), arg.dtype)
                 out.append(self._global(name, data, initialized=False))
@@ -58,6 +63,8 @@ class Launch:
             else:
                 raise TypeError(f"argument {name!r}: cudacheck takes numpy arrays, device arrays, "
                                 f"cudacheck.uninitialized(...) and scalars, got {type(arg).__name__}")
+            if isinstance(out[-1], TracedArray):
+                passed[id(arg)] = out[-1]
         return out
 
     def _global(self, name, data, initialized):

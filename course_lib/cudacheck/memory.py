@@ -28,6 +28,32 @@ class Uninitialized:
         return self._host.copy()
 
 
+class DeviceArray:
+    """An argument standing for ``cuda.to_device(host)``: GPU memory holding a copy of ``host``.
+
+    One object passed as two arguments is one buffer, as one device array is on the GPU.
+    ``copy_to_host()`` gives what it holds (after a check: what the kernel left in it).
+    """
+
+    def __init__(self, host):
+        self._host = np.array(host, order="C")
+        self.shape, self.dtype = self._host.shape, self._host.dtype
+
+    def copy_to_host(self):
+        return self._host.copy()
+
+    def copy_to_device(self, data):
+        self._host[...] = data
+
+    def __array__(self, dtype=None, copy=None):
+        return self.copy_to_host() if dtype is None else self.copy_to_host().astype(dtype)
+
+
+def to_device(host):
+    """What ``cuda.to_device(host)`` gives a launch: device memory initialized with a copy of ``host``."""
+    return DeviceArray(host)
+
+
 def numpy_dtype(dtype):
     try:
         return np.dtype(dtype)
@@ -57,10 +83,21 @@ class Memory:
         self.writes = {}   # flat index -> (thread, interval, site, atomic) of the last write
         self.reads = {}    # flat index -> [interval, thread, site, other thread, other site, older-block thread, site]
         self.n_reads = self.n_writes = 0
+        self.names = [name]      # global: every argument this buffer was passed as
         self.redeclared = False  # shared: a thread ran its declaration again (a second call, a loop's next trip)
 
+    def alias(self, name):
+        """The same buffer passed again, as argument ``name``: one log, its own name and counts."""
+        twin = Memory(self.log, name, self.space, self.data, self.initialized)
+        twin.writes, twin.reads, twin.names = self.writes, self.reads, self.names
+        self.names.append(name)
+        return twin
+
     def title(self):
-        return f"{self.space} array `{self.name}`" if self.space != "global" else f"`{self.name}`"
+        if self.space != "global":
+            return f"{self.space} array `{self.name}`"
+        others = [f"`{n}`" for n in self.names if n != self.name]
+        return f"`{self.name}`" + (f" (the same device array as {' and '.join(others)})" if others else "")
 
 
 class TracedArray:

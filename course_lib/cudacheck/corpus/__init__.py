@@ -4,7 +4,8 @@ Each ``Case`` holds a kernel with a bug a learner really makes (a missing
 barrier, a read past the tail, an early return before ``syncthreads``...), the
 same kernel fixed, a launch and the numpy answer the fixed twin must give.
 ``basics`` holds the bugs of a first kernel; ``gpu_model`` those a simulator
-only sees when it models the GPU exactly (one shared array per block).
+only sees when it models the GPU exactly (one shared array per block, arguments
+that alias).
 ``tests/test_cudacheck.py`` holds cudacheck to them on every CI run;
 ``benchmarks/sanitizer_corpus.py`` runs the very same kernels on a GPU under
 NVIDIA's ``compute-sanitizer`` and records what each tool flagged beside what

@@ -1,10 +1,12 @@
 """Bugs a simulator only sees, and correct kernels it only passes, when it does what the GPU does:
-a ``cuda.shared.array`` is one array for the block however often its line runs."""
+a ``cuda.shared.array`` is one array for the block however often its line runs, and one device array
+passed twice is one buffer."""
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda, float32
 
+from ..memory import to_device
 from .case import Case, ramp
 
 
@@ -77,6 +79,26 @@ def tile_in_loop_fixed(a, out):
     out[t] = acc
 
 
+# 3 --------------------------------------------------------------------------
+@cuda.jit
+def shift_buggy(a, out):             # launched as shift(x, x): out is a
+    i = cuda.grid(1)
+    out[i] = a[i - 1] if i > 0 else 0
+
+
+@cuda.jit
+def shift_fixed(a, out):
+    i = cuda.grid(1)
+    v = a[i - 1] if i > 0 else 0
+    cuda.syncthreads()               # every read is done before any write: right even when out is a
+    out[i] = v
+
+
+def _aliased(n):
+    x = to_device(ramp(n))
+    return x, x
+
+
 CASES = (
     Case("device_function_shared_reused", "a device function with a shared array, called twice, no barrier "
          "at its end", two_totals_buggy, two_totals_fixed, 2, 64,
@@ -84,4 +106,7 @@ CASES = (
     Case("shared_array_declared_in_loop", "a shared tile declared inside the tile loop, no barrier at its end",
          tile_in_loop_buggy, tile_in_loop_fixed, 1, 64, lambda: (ramp(256), np.zeros(64, np.float32)), "race",
          lambda a, out: {1: a.reshape(4, 64)[:, ::-1].sum(axis=0, dtype=np.float32)}),
+    Case("one_array_passed_twice", "shift(x, x): the output is the input, and threads read what others wrote",
+         shift_buggy, shift_fixed, 1, 64, lambda: _aliased(64), "race",
+         lambda a, out: {1: np.concatenate([[0], np.asarray(a)[:-1]]).astype(np.float32)}),
 )
