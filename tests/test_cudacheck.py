@@ -301,6 +301,38 @@ def test_one_device_array_passed_twice_is_one_buffer_and_host_arrays_are_copied_
     assert cudacheck.check(shift, 1, 64, host, host).ok
 
 
+def test_math_gives_the_gpus_ieee_results_where_python_raises():
+    @cuda.jit
+    def edges(out):
+        out[0] = math.log(0.0)
+        out[1] = math.exp(1000.0)
+        out[2] = math.sqrt(-1.0)
+        out[3] = math.log(-1.0)
+        out[4] = math.pow(0.0, -1.0)
+        out[5] = math.log(math.e)
+
+    out = np.zeros(6)
+    assert cudacheck.check(edges, 1, 1, out).ok
+    np.testing.assert_array_equal(out, [-np.inf, np.inf, np.nan, np.nan, np.inf, 1.0])
+
+
+def test_an_integer_cast_wraps_to_its_width_as_on_the_gpu():
+    @cuda.jit
+    def casts(out):
+        tmp = cuda.local.array(2, numba.int32)   # an integer type still names a dtype
+        tmp[0] = numba.int32(2 ** 31 + 5)
+        tmp[1] = cuda.int32(-1)
+        out[0] = numba.int16(33000)
+        out[1] = numba.uint8(-1)
+        out[2] = tmp[0]
+        out[3] = numba.int32(3.7)
+        out[4] = tmp[1]
+
+    out = np.zeros(5, np.int64)
+    assert cudacheck.check(casts, 1, 1, out).ok
+    assert out.tolist() == [-32536, 255, -2 ** 31 + 5, 3, -1]
+
+
 # ---------------------------------------- the record made on the H200
 
 

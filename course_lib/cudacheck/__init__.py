@@ -27,8 +27,9 @@ where it would pass ``cuda.to_device(array)``.
 
 It runs the kernel as the GPU would, not as Python would: a ``cuda.shared.array``
 is one array for the block, however often its declaration runs (a device
-function called twice, a loop's every trip), and one device array passed as two
-arguments is one buffer.
+function called twice, a loop's every trip); one device array passed as two
+arguments is one buffer; ``math`` gives IEEE results (``log(0.0)`` is -inf, not
+an error) and an integer cast such as ``int16(x)`` wraps to the type's width.
 
 What it reports, naming the block and thread, the array, the index and the line:
 - ``race``: an element written by one thread and read or written by another
@@ -55,11 +56,11 @@ a few microseconds per memory access: a tiled attention kernel on a 2 x 2 grid
 of 32 threads checks in a second or two.
 
 The modules, in the order a launch meets them: ``binding`` (the kernel's
-function rebound to ``fakecuda``, the ``cuda`` it sees), ``launch`` (arguments
-in and out, allocations), ``schedule`` (one thread at a time, barriers),
-``memory`` (traced arrays) and ``hazards`` (the access log: races, bounds,
-uninitialized reads), ``report`` (what was found); ``grid`` and ``sites``
-name threads and source lines in its messages.  ``corpus`` holds kernels
+function rebound to ``fakecuda``, the ``cuda`` it sees, and to ``gpumath``),
+``launch`` (arguments in and out, allocations), ``schedule`` (one thread at a
+time, barriers), ``memory`` (traced arrays) and ``hazards`` (the access log:
+races, bounds, uninitialized reads), ``report`` (what was found); ``grid`` and
+``sites`` name threads and source lines in its messages.  ``corpus`` holds kernels
 with planted bugs and their fixed twins, ``sanitizer_record`` what NVIDIA's
 compute-sanitizer said of them.  Nothing here imports the rest of
 ``course_lib``: the grader's kernel sandbox holds this package alone.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import types
 
+from .gpumath import gpu_version
+
 
 class SourceKernel:
     """A ``@cuda.jit`` function defined where there is no numba: what ``STANDIN.jit`` makes of it.
@@ -54,7 +56,7 @@ def _is_jit_function(value):
             or type(value) is SourceKernel) and isinstance(getattr(value, "py_func", None), types.FunctionType)
 
 
-_PLAIN_MODULES = {"math", "cmath", "numpy", "operator"}
+_PLAIN_MODULES = {"cmath", "numpy", "operator"}
 
 
 class _ModuleProxy(types.ModuleType):
@@ -71,7 +73,8 @@ class _ModuleProxy(types.ModuleType):
 
 
 class Binder:
-    """Makes copies of the kernel and every function it calls with ``cuda`` bound to the tracing fake."""
+    """Makes copies of the kernel and every function it calls with ``cuda`` bound to the tracing fake,
+    and ``math`` and integer types to what they compute on a GPU (``gpumath``)."""
 
     def __init__(self, fake):
         self.fake, self.done = fake, {}
@@ -81,6 +84,9 @@ class Binder:
             return self.fake
         if _is_jit_function(value):
             return self.bind(value.py_func)
+        gpu = gpu_version(value)
+        if gpu is not None:
+            return gpu
         if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in _PLAIN_MODULES:
             key = id(value)
             if key not in self.done:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from .gpumath import gpu_version
 from .memory import numpy_dtype
 
 WARP_SIZE = 32
@@ -55,7 +56,7 @@ class FakeCuda:
     def __getattr__(self, name):
         real = getattr(sys.modules.get("numba.cuda"), name, None)
         if type(real).__module__.startswith("numba.core.types"):   # cuda.float32 and the like: plain types
-            return real
+            return gpu_version(real) or real
         raise NotImplementedError(
             f"cudacheck does not model cuda.{name}; it models threadIdx, blockIdx, blockDim, gridDim, grid, "
             "gridsize, shared.array, local.array, const.array_like, syncthreads(_count/_and/_or), threadfence "

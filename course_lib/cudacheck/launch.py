@@ -7,7 +7,7 @@ import traceback
 
 import numpy as np
 
-from . import binding, fakecuda, grid, hazards, memory, report, schedule, sites
+from . import binding, fakecuda, gpumath, grid, hazards, memory, report, schedule, sites
 from .binding import Binder
 from .fakecuda import FakeCuda
 from .grid import Grid
@@ -18,8 +18,8 @@ from .schedule import Scheduler
 from .sites import declared_name, site
 
 # the simulator's own files: a kernel's error is told at the last line of the kernel's code, not of these
-_SIMULATOR_FILES = {__file__} | {m.__file__ for m in (binding, fakecuda, grid, hazards, memory, report, schedule,
-                                                       sites)}
+_SIMULATOR_FILES = {__file__} | {m.__file__ for m in (binding, fakecuda, gpumath, grid, hazards, memory, report,
+                                                       schedule, sites)}
 
 
 class Launch:

@@ -5,11 +5,10 @@ barrier, a read past the tail, an early return before ``syncthreads``...), the
 same kernel fixed, a launch and the numpy answer the fixed twin must give.
 ``basics`` holds the bugs of a first kernel; ``gpu_model`` those a simulator
 only sees when it models the GPU exactly (one shared array per block, arguments
-that alias).
-``tests/test_cudacheck.py`` holds cudacheck to them on every CI run;
-``benchmarks/sanitizer_corpus.py`` runs the very same kernels on a GPU under
-NVIDIA's ``compute-sanitizer`` and records what each tool flagged beside what
-cudacheck flagged (``sanitizer_record`` reads that record).
+that alias, the GPU's arithmetic).  ``tests/test_cudacheck.py`` holds cudacheck
+to them on every CI run; ``benchmarks/sanitizer_corpus.py`` runs the very same
+kernels on a GPU under NVIDIA's ``compute-sanitizer`` and records what each
+tool flagged beside what cudacheck flagged (``sanitizer_record`` reads that record).
 
     from course_lib import cudacheck
     from course_lib.cudacheck.corpus import CASES

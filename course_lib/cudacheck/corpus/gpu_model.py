@@ -1,10 +1,12 @@
 """Bugs a simulator only sees, and correct kernels it only passes, when it does what the GPU does:
-a ``cuda.shared.array`` is one array for the block however often its line runs, and one device array
-passed twice is one buffer."""
+a ``cuda.shared.array`` is one array for the block however often its line runs, one device array
+passed twice is one buffer, and the GPU's arithmetic is IEEE floats and integers that wrap."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int16, int32
 
 from ..memory import to_device
 from .case import Case, ramp
@@ -99,6 +101,66 @@ def _aliased(n):
     return x, x
 
 
+# 4 --------------------------------------------------------------------------
+@cuda.jit
+def row_lse_buggy(s, lengths, lse):  # one thread per row; an empty row's lse is log(0) = -inf
+    r = cuda.grid(1)
+    n = lengths[r]
+    m = -math.inf
+    for j in range(s.shape[1]):
+        if j < n:
+            m = max(m, s[r, j])
+    total = 0.0
+    for j in range(s.shape[1]):
+        if j < n:
+            total += math.exp(s[r, j] - m)
+    lse[r] = m + math.log(total)     # 64 threads for 40 rows, and no `if r < n_rows`
+
+
+@cuda.jit
+def row_lse_fixed(s, lengths, lse):
+    r = cuda.grid(1)
+    if r < lse.shape[0]:
+        n = lengths[r]
+        m = -math.inf
+        for j in range(s.shape[1]):
+            if j < n:
+                m = max(m, s[r, j])
+        total = 0.0
+        for j in range(s.shape[1]):
+            if j < n:
+                total += math.exp(s[r, j] - m)
+        lse[r] = m + math.log(total)
+
+
+def _row_lse_args():
+    lengths = np.arange(40, dtype=np.int32) % 9   # rows 0, 9, 18, ... are empty
+    return ramp(40 * 8).reshape(40, 8) / 4, lengths, np.zeros(40, np.float32)
+
+
+def _row_lse_spec(s, lengths, lse):
+    want = np.full(40, -np.inf)
+    for r, n in enumerate(lengths):
+        if n:
+            want[r] = np.logaddexp.reduce(s[r, :n].astype(np.float64))
+    return {2: want.astype(np.float32)}
+
+
+# 5 --------------------------------------------------------------------------
+@cuda.jit
+def row_start_buggy(a, out):         # row r of a (64, 1000) matrix, flattened, starts at r * 1000
+    r = cuda.grid(1)
+    start = int16(r * 1000)          # 16 bits: wraps to a negative number from row 33 on
+    out[r] = a[start + 7]
+
+
+@cuda.jit
+def row_start_fixed(a, out):
+    r = cuda.grid(1)
+    start = int32(r * 1000)
+    out[r] = a[start + 7]
+
+
 CASES = (
     Case("device_function_shared_reused", "a device function with a shared array, called twice, no barrier "
          "at its end", two_totals_buggy, two_totals_fixed, 2, 64,
@@ -109,4 +171,9 @@ CASES = (
     Case("one_array_passed_twice", "shift(x, x): the output is the input, and threads read what others wrote",
          shift_buggy, shift_fixed, 1, 64, lambda: _aliased(64), "race",
          lambda a, out: {1: np.concatenate([[0], np.asarray(a)[:-1]]).astype(np.float32)}),
+    Case("empty_row_log_zero", "per-row lse, some rows empty (log(0) = -inf), 64 threads for 40 rows, no guard",
+         row_lse_buggy, row_lse_fixed, 1, 64, _row_lse_args, "out_of_bounds", _row_lse_spec),
+    Case("int16_row_offset_wraps", "a row offset r * 1000 kept in an int16, which wraps past 32767",
+         row_start_buggy, row_start_fixed, 1, 64, lambda: (ramp(64 * 1000), np.zeros(64, np.float32)),
+         "out_of_bounds", lambda a, out: {1: a[np.arange(64) * 1000 + 7]}),
 )
