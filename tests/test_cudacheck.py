@@ -333,6 +333,16 @@ def test_an_integer_cast_wraps_to_its_width_as_on_the_gpu():
     assert out.tolist() == [-32536, 255, -2 ** 31 + 5, 3, -1]
 
 
+def test_a_tile_sized_for_a_bigger_block_is_named_as_the_cause_of_the_unwritten_reads():
+    c = next(c for c in CASES if c.name == "tile_sized_for_another_block")
+    report, _ = run(c, "buggy")
+    assert report.kinds == {"uninitialized"}
+    assert "`tile` has 64 elements, but the block has 32 threads (blockdim 32)" in report.findings[0].message
+    assert "for e in range(t, 64, cuda.blockDim.x)" in report.findings[0].message
+    other = next(c for c in CASES if c.name == "shared_tail_never_written")   # a tile as big as its block
+    assert "elements, but the block has" not in str(run(other, "buggy")[0])
+
+
 # ---------------------------------------- the record made on the H200
 
 

@@ -31,7 +31,7 @@ class AccessLog:
                 self._report("uninitialized", (mem.name, at[1]), t,
                              f"{self.grid.who(t)} reads {array.name}[{index_str(index)}] at {where(at)}, "
                              f"but nothing wrote {mem.title()} there earlier in this launch"
-                             f"{_uninit_hint(mem)}", mem, index, at)
+                             f"{self._uninit_hint(mem, key)}", mem, index, at)
         self.pending_uninit = []
         self.new_interval()
 
@@ -160,12 +160,21 @@ class AccessLog:
     def _report(self, kind, key, t, message, mem, index, at):
         self.findings.add(kind, key, t, message, mem.title(), index, at[1])
 
-
-def _uninit_hint(mem):
-    if mem.space == "shared":
-        return (": shared memory starts as garbage in every block. Write every element a thread will "
-                "read before the barrier, e.g. a neutral value (0, or -inf for a running max) past a tail.")
-    if mem.space == "local":
-        return ": a local array starts as garbage. Set it (e.g. to 0) before accumulating into it."
-    return (": it came from cuda.device_array, which is not zeroed. Write it before reading it, or "
-            "pass an initialized array.")
+    def _uninit_hint(self, mem, key):
+        """Why the element may be unwritten, and what to do."""
+        n = self.nthreads
+        if mem.space == "shared" and key >= n and mem.data.size > n and max(mem.writes, default=0) < n:
+            # one element per thread was loaded, and the array is larger than the block
+            blockdim = self.grid.blockdim[:self.grid.blocknd]
+            return (f": `{mem.name}` has {mem.data.size} elements, but the block has {n} threads (blockdim "
+                    f"{blockdim[0] if len(blockdim) == 1 else blockdim}) and only elements below {n} were "
+                    f"written, one per thread. A size fixed in the kernel must match the launch: launch "
+                    f"{mem.data.size} threads a block, or let each thread load several elements "
+                    f"(`for e in range(t, {mem.data.size}, cuda.blockDim.x)`).")
+        if mem.space == "shared":
+            return (": shared memory starts as garbage in every block. Write every element a thread will "
+                    "read before the barrier, e.g. a neutral value (0, or -inf for a running max) past a tail.")
+        if mem.space == "local":
+            return ": a local array starts as garbage. Set it (e.g. to 0) before accumulating into it."
+        return (": it came from cuda.device_array, which is not zeroed. Write it before reading it, or "
+                "pass an initialized array.")

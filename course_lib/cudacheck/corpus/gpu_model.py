@@ -161,6 +161,34 @@ def row_start_fixed(a, out):
     out[r] = a[start + 7]
 
 
+# 6 --------------------------------------------------------------------------
+@cuda.jit
+def tile_sum_buggy(a, out):          # written for blocks of 64 threads, launched with 32
+    tile = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    tile[t] = a[cuda.blockIdx.x * 64 + t]
+    cuda.syncthreads()
+    if t == 0:
+        s = float32(0)
+        for j in range(64):
+            s += tile[j]
+        out[cuda.blockIdx.x] = s
+
+
+@cuda.jit
+def tile_sum_fixed(a, out):
+    tile = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    for e in range(t, 64, cuda.blockDim.x):   # every element, whatever the block size
+        tile[e] = a[cuda.blockIdx.x * 64 + e]
+    cuda.syncthreads()
+    if t == 0:
+        s = float32(0)
+        for j in range(64):
+            s += tile[j]
+        out[cuda.blockIdx.x] = s
+
+
 CASES = (
     Case("device_function_shared_reused", "a device function with a shared array, called twice, no barrier "
          "at its end", two_totals_buggy, two_totals_fixed, 2, 64,
@@ -176,4 +204,7 @@ CASES = (
     Case("int16_row_offset_wraps", "a row offset r * 1000 kept in an int16, which wraps past 32767",
          row_start_buggy, row_start_fixed, 1, 64, lambda: (ramp(64 * 1000), np.zeros(64, np.float32)),
          "out_of_bounds", lambda a, out: {1: a[np.arange(64) * 1000 + 7]}),
+    Case("tile_sized_for_another_block", "a shared tile of 64 loaded one element per thread, launched with "
+         "32 threads", tile_sum_buggy, tile_sum_fixed, 2, 32, lambda: (ramp(128), np.zeros(2, np.float32)),
+         "uninitialized", lambda a, out: {1: a.reshape(2, 64).sum(axis=1, dtype=np.float32)}),
 )
