@@ -343,6 +343,25 @@ def test_a_tile_sized_for_a_bigger_block_is_named_as_the_cause_of_the_unwritten_
     assert "elements, but the block has" not in str(run(other, "buggy")[0])
 
 
+def test_a_write_fenced_before_an_atomic_is_seen_by_the_block_whose_later_atomic_follows_it():
+    c = next(c for c in CASES if c.name == "last_block_without_fence")
+    assert run(c, "fixed")[0].ok                      # the CUDA guide's single-pass sum
+    buggy = run(c, "buggy")[0].findings[0]            # the same without its threadfence
+    assert buggy.kind == "race" and buggy.array == "`partial`"
+    assert "put cuda.threadfence() after the write, before the atomic" in buggy.message
+
+    @cuda.jit
+    def fence_without_atomic(x, out):
+        if cuda.blockIdx.x == 0:
+            x[0] = 1
+            cuda.threadfence()    # a fence alone orders nothing between blocks: no atomic says the write is done
+        else:
+            out[0] = x[0]
+
+    report = cudacheck.check(fence_without_atomic, 2, 1, np.zeros(1, np.float32), np.zeros(1, np.float32))
+    assert report.kinds == {"race"} and "Nothing orders two blocks" in str(report)
+
+
 # ---------------------------------------- the record made on the H200
 
 

@@ -15,7 +15,7 @@ class FakeCuda:
     warpsize = WARP_SIZE
 
     def __init__(self, grid, scheduler, log, allocate):
-        self._grid, self._scheduler = grid, scheduler
+        self._grid, self._scheduler, self._log = grid, scheduler, log
         self.shared = _Arrays(allocate, "shared")
         self.local = _Arrays(allocate, "local")
         self.const = _Const()
@@ -49,9 +49,12 @@ class FakeCuda:
         return int(any(self._scheduler.barrier(sys._getframe(1), bool(predicate))))
 
     def threadfence(self):
-        pass  # orders one thread's writes for other blocks: it makes no race go away, so nothing to model
+        self._log.fence()   # this thread's writes so far are seen by any thread that sees its next atomic
 
-    threadfence_block = threadfence_system = threadfence
+    threadfence_system = threadfence
+
+    def threadfence_block(self):
+        pass  # orders writes within the block only, which a barrier does anyway: nothing to model
 
     def __getattr__(self, name):
         real = getattr(sys.modules.get("numba.cuda"), name, None)

@@ -19,6 +19,7 @@ class AccessLog:
         self.nthreads = grid.nthreads
         self.epoch = 0            # the barrier interval; unique across blocks, since blocks run in turn
         self.pending_uninit = []  # reads of never-written elements, judged when the interval ends
+        self.clock = 0            # counts writes and fences: orders them for threadfence
 
     def new_interval(self):
         self.epoch += 1
@@ -55,7 +56,7 @@ class AccessLog:
         t = self.scheduler.thread
         w = mem.writes.get(key)
         g = t.gtid
-        if w is not None and self._conflicts(g, w[0], w[1]):
+        if w is not None and self._conflicts(g, w[0], w[1]) and not self._published(t, w):
             self._race(mem, array, index, t, "reads", at, w[0], "wrote", w[2])
         slot = mem.reads.get(key)
         if slot is None:
@@ -80,7 +81,7 @@ class AccessLog:
         t = self.scheduler.thread
         g = t.gtid
         w = mem.writes.get(key)
-        if w is not None and self._conflicts(g, w[0], w[1]) and not (atomic and w[3]):
+        if w is not None and self._conflicts(g, w[0], w[1]) and not (atomic and w[3]) and not self._published(t, w):
             self._race(mem, array, index, t, "writes", at, w[0], "wrote", w[2])
         slot = mem.reads.get(key)
         if slot is not None:
@@ -89,7 +90,8 @@ class AccessLog:
                 if reader is not None and self._conflicts(g, reader, repoch):
                     self._race(mem, array, index, t, "writes", at, reader, "read", rsite)
                     break
-        mem.writes[key] = (g, self.epoch, at, atomic)
+        mem.writes[key] = (g, self.epoch, at, atomic, self.clock)
+        self.clock += 1
         mem.flat[key] = value
 
     def atomic(self, ary, idx, frame, update, name):
@@ -102,6 +104,7 @@ class AccessLog:
                 return ary.dtype.type(junk(ary.dtype))
             raise TypeError(f"cuda.atomic.{name}: index {idx!r} names a sub-array of {ary.name}, not an element")
         mem = ary._mem
+        self._synchronize(mem, key)
         mem.n_reads += 1
         old = mem.flat[key]
         if not mem.initialized and key not in mem.writes:
@@ -109,9 +112,35 @@ class AccessLog:
         self.write(mem, key, ary, idx, frame, update(old), atomic=True)
         return old
 
+    # Fences: the CUDA guide's last-block pattern is a write, cuda.threadfence(), then an atomic; a thread
+    # whose atomic on the same element comes later sees the write (and so, after a barrier, its block does).
+
+    def fence(self):
+        self.scheduler.thread.fence = self.clock
+        self.clock += 1
+
+    def _synchronize(self, mem, key):
+        """The running thread's atomic on ``key``: it acquires what earlier atomics there released."""
+        t = self.scheduler.thread
+        released = mem.releases.setdefault(key, {})
+        for g, clock in released.items():
+            if g not in t.acquired or t.acquired[g] < clock:
+                t.acquired[g] = clock
+        released[t.gtid] = max(released.get(t.gtid, -1), t.fence)   # -1: synchronized, but nothing fenced
+
+    def _published(self, t, w):
+        """The write ``w`` was fenced before an atomic that thread ``t`` has since acquired."""
+        return t.acquired.get(w[0], -1) > w[4]
+
     def _race(self, mem, array, index, t, verb, at, other, other_verb, other_site):
         where_other = "" if other // self.nthreads == t.gtid // self.nthreads else " (another block)"
-        if other // self.nthreads != t.gtid // self.nthreads:
+        if other // self.nthreads != t.gtid // self.nthreads and other in t.acquired:
+            fix = ("This thread synchronized with that one through an atomic (its atomic came after that "
+                   "thread's), but that thread wrote the element with no cuda.threadfence() between the write "
+                   "and its atomic, so the write may not be visible yet: put cuda.threadfence() after the "
+                   "write, before the atomic.")
+            when = "in the same launch"
+        elif other // self.nthreads != t.gtid // self.nthreads:
             fix = ("Nothing orders two blocks: give each element to one block, or use cuda.atomic "
                    "for a sum that several blocks add to.")
             when = "in the same launch"

@@ -80,16 +80,17 @@ class Memory:
         self.flat = data.reshape(-1)
         self.initialized = initialized   # False: a read of an element never written is reported
         self.private = space == "local"  # one thread's own: no races possible
-        self.writes = {}   # flat index -> (thread, interval, site, atomic) of the last write
+        self.writes = {}   # flat index -> (thread, interval, site, atomic, clock) of the last write
         self.reads = {}    # flat index -> [interval, thread, site, other thread, other site, older-block thread, site]
         self.n_reads = self.n_writes = 0
         self.names = [name]      # global: every argument this buffer was passed as
+        self.releases = {}       # flat index -> {thread: clock of its last threadfence before an atomic here}
         self.redeclared = False  # shared: a thread ran its declaration again (a second call, a loop's next trip)
 
     def alias(self, name):
         """The same buffer passed again, as argument ``name``: one log, its own name and counts."""
         twin = Memory(self.log, name, self.space, self.data, self.initialized)
-        twin.writes, twin.reads, twin.names = self.writes, self.reads, self.names
+        twin.writes, twin.reads, twin.releases, twin.names = self.writes, self.reads, self.releases, self.names
         self.names.append(name)
         return twin
 

@@ -38,6 +38,8 @@ class SimThread:
         self.result = None
         self.error = None
         self.declarations = {}        # (code, line) -> how often this thread ran the shared array declared there
+        self.fence = -1               # the access log's clock at this thread's last cuda.threadfence()
+        self.acquired = {}            # thread -> clock up to which its writes are visible here (fence + atomic)
         self.os_thread = threading.Thread(target=self.main, daemon=True,
                                           name=f"cudacheck block {blockIdx} thread {self.threadIdx}")
 
@@ -95,6 +97,7 @@ class Scheduler:
                     predicates = [t.predicate for t in waiting]
                     for t in waiting:
                         t.result = predicates
+                    _share_acquired(waiting)
                 running = waiting
         finally:
             if any(t.state in ("ready", "barrier") for t in threads):
@@ -141,3 +144,15 @@ class Scheduler:
                               "return before a barrier (guard the loads and stores with `if i < n:` instead), "
                               "and give a loop that holds one the same trip count in every thread (mask inside "
                               "it instead).", line=site[1])
+
+
+def _share_acquired(threads):
+    """What one thread of the block has acquired (other blocks' fenced writes) the barrier shows to all."""
+    known = {}
+    for t in threads:
+        for g, clock in t.acquired.items():
+            if g not in known or known[g] < clock:
+                known[g] = clock
+    if known:
+        for t in threads:
+            t.acquired = dict(known)

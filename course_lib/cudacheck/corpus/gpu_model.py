@@ -189,6 +189,52 @@ def tile_sum_fixed(a, out):
         out[cuda.blockIdx.x] = s
 
 
+# 7 --------------------------------------------------------------------------
+@cuda.jit
+def last_block_sum_buggy(a, partial, count, out):   # the CUDA guide's single-pass sum, without its fence
+    tile = cuda.shared.array(64, float32)
+    last = cuda.shared.array(1, int32)
+    t, b = cuda.threadIdx.x, cuda.blockIdx.x
+    tile[t] = a[b * 64 + t]
+    cuda.syncthreads()
+    if t == 0:
+        s = float32(0)
+        for j in range(64):
+            s += tile[j]
+        partial[b] = s
+        ticket = cuda.atomic.add(count, 0, 1)       # the last block to arrive adds up every partial
+        last[0] = ticket == cuda.gridDim.x - 1
+    cuda.syncthreads()
+    if last[0] and t == 0:
+        total = float32(0)
+        for j in range(cuda.gridDim.x):
+            total += partial[j]
+        out[0] = total
+
+
+@cuda.jit
+def last_block_sum_fixed(a, partial, count, out):
+    tile = cuda.shared.array(64, float32)
+    last = cuda.shared.array(1, int32)
+    t, b = cuda.threadIdx.x, cuda.blockIdx.x
+    tile[t] = a[b * 64 + t]
+    cuda.syncthreads()
+    if t == 0:
+        s = float32(0)
+        for j in range(64):
+            s += tile[j]
+        partial[b] = s
+        cuda.threadfence()                          # partial[b] is visible to every block before the ticket
+        ticket = cuda.atomic.add(count, 0, 1)
+        last[0] = ticket == cuda.gridDim.x - 1
+    cuda.syncthreads()
+    if last[0] and t == 0:
+        total = float32(0)
+        for j in range(cuda.gridDim.x):
+            total += partial[j]
+        out[0] = total
+
+
 CASES = (
     Case("device_function_shared_reused", "a device function with a shared array, called twice, no barrier "
          "at its end", two_totals_buggy, two_totals_fixed, 2, 64,
@@ -207,4 +253,10 @@ CASES = (
     Case("tile_sized_for_another_block", "a shared tile of 64 loaded one element per thread, launched with "
          "32 threads", tile_sum_buggy, tile_sum_fixed, 2, 32, lambda: (ramp(128), np.zeros(2, np.float32)),
          "uninitialized", lambda a, out: {1: a.reshape(2, 64).sum(axis=1, dtype=np.float32)}),
+    Case("last_block_without_fence", "the last block (by an atomic ticket) sums every block's partial, but "
+         "no threadfence between writing a partial and taking the ticket", last_block_sum_buggy,
+         last_block_sum_fixed, 4, 64,
+         lambda: (ramp(256), np.zeros(4, np.float32), np.zeros(1, np.int32), np.zeros(1, np.float32)), "race",
+         lambda a, partial, count, out: {1: a.reshape(4, 64).sum(axis=1), 2: np.array([4], np.int32),
+                                         3: np.array([a.sum()], np.float32)}),
 )
