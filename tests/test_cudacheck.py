@@ -188,10 +188,11 @@ def test_a_kernel_that_raises_names_the_thread_and_line():
 
 def test_an_unmodelled_api_is_refused_with_what_is_modelled():
     @cuda.jit
-    def shuffles(out):
-        out[0] = cuda.shfl_down_sync(0xFFFFFFFF, 1, 1)
-    with pytest.raises(cudacheck.KernelError, match="cudacheck does not model cuda.shfl_down_sync"):
-        cudacheck.check(shuffles, 1, 1, np.zeros(1, np.float32))
+    def warp_barrier(out):
+        cuda.syncwarp()
+        out[0] = 1
+    with pytest.raises(cudacheck.KernelError, match="cudacheck does not model cuda.syncwarp; .* shfl"):
+        cudacheck.check(warp_barrier, 1, 1, np.zeros(1, np.float32))
 
 
 def test_a_float_index_is_a_clear_type_error():
@@ -360,6 +361,40 @@ def test_a_write_fenced_before_an_atomic_is_seen_by_the_block_whose_later_atomic
 
     report = cudacheck.check(fence_without_atomic, 2, 1, np.zeros(1, np.float32), np.zeros(1, np.float32))
     assert report.kinds == {"race"} and "Nothing orders two blocks" in str(report)
+
+
+def test_shuffles_and_votes_give_each_lane_what_the_warp_gives_it():
+    @cuda.jit
+    def warp_ops(a, out):
+        i = cuda.grid(1)
+        full = 0xFFFFFFFF
+        total = a[i]
+        for bit in (16, 8, 4, 2, 1):               # butterfly: every lane ends with the warp's sum
+            total += cuda.shfl_xor_sync(full, total, bit)
+        out[0, i] = total
+        out[1, i] = cuda.shfl_sync(full, a[i], 3)   # lane 3's value, to every lane
+        out[2, i] = cuda.shfl_up_sync(full, a[i], 1)   # lane 0 keeps its own
+        out[3, i] = cuda.ballot_sync(full, a[i] > 0)
+        out[4, i] = cuda.all_sync(full, a[i] > -100) + 2 * cuda.any_sync(full, a[i] > 100)
+
+    a = np.arange(64, dtype=np.float64) - 20
+    out = np.zeros((5, 64))
+    report = cudacheck.check(warp_ops, 1, 64, a, out)
+    assert report.ok, str(report)
+    w = a.reshape(2, 32)
+    np.testing.assert_array_equal(out[0], np.repeat(w.sum(axis=1), 32))
+    np.testing.assert_array_equal(out[1], np.repeat(w[:, 3], 32))
+    np.testing.assert_array_equal(out[2], np.concatenate([[w[0, 0]], w[0, :-1], [w[1, 0]], w[1, :-1]]))
+    ballots = [sum(1 << k for k in range(32) if row[k] > 0) for row in w]
+    np.testing.assert_array_equal(out[3], np.repeat(ballots, 32))
+    np.testing.assert_array_equal(out[4], np.ones(64))
+
+
+def test_a_shuffle_whose_mask_names_a_lane_that_never_comes_is_a_barrier_finding():
+    c = next(c for c in CASES if c.name == "shuffle_inside_a_branch")
+    finding = run(c, "buggy")[0].findings[0]
+    assert finding.kind == "barrier"
+    assert "its mask 0xffffffff names threads 16-31, which finished the kernel" in finding.message
 
 
 # ---------------------------------------- the record made on the H200

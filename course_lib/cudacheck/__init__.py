@@ -50,20 +50,23 @@ A race is found from the log of who touched each element in which interval,
 not from a bad interleaving happening to show up, so a kernel that is racy is
 flagged on every run, and a kernel that is not is never flagged.
 
-Not modelled (each raises a clear error if a kernel uses it): warp shuffles and
-votes, ``syncwarp``, dynamic shared memory, cooperative groups.  Its cost is
-a few microseconds per memory access: a tiled attention kernel on a 2 x 2 grid
-of 32 threads checks in a second or two.
+Warp shuffles and votes (``shfl(_up/_down/_xor)_sync``, ``all/any/ballot_sync``)
+exchange values among the lanes waiting at them; a lane that the mask names and
+that never comes is a ``barrier`` finding.  Not modelled (each raises a clear
+error if a kernel uses it): ``syncwarp``, ``activemask``, dynamic shared memory,
+cooperative groups.  Its cost is a few microseconds per memory access: a tiled
+attention kernel on a 2 x 2 grid of 32 threads checks in a second or two.
 
 The modules, in the order a launch meets them: ``binding`` (the kernel's
 function rebound to ``fakecuda``, the ``cuda`` it sees, and to ``gpumath``),
 ``launch`` (arguments in and out, allocations), ``schedule`` (one thread at a
-time, barriers), ``memory`` (traced arrays) and ``hazards`` (the access log:
-races, bounds, uninitialized reads), ``report`` (what was found); ``grid`` and
-``sites`` name threads and source lines in its messages.  ``corpus`` holds kernels
-with planted bugs and their fixed twins, ``sanitizer_record`` what NVIDIA's
-compute-sanitizer said of them.  Nothing here imports the rest of
-``course_lib``: the grader's kernel sandbox holds this package alone.
+time, barriers) and ``warps`` (shuffles and votes), ``memory`` (traced arrays)
+and ``hazards`` (the access log: races, bounds, uninitialized reads, fences),
+``report`` (what was found); ``grid`` and ``sites`` name threads and source
+lines in its messages.  ``corpus`` holds kernels with planted bugs and their
+fixed twins, ``sanitizer_record`` what NVIDIA's compute-sanitizer said of them.
+Nothing here imports the rest of ``course_lib``: the grader's kernel sandbox
+holds this package alone.
 """
 from __future__ import annotations
 

@@ -48,6 +48,27 @@ class FakeCuda:
     def syncthreads_or(self, predicate):
         return int(any(self._scheduler.barrier(sys._getframe(1), bool(predicate))))
 
+    def shfl_sync(self, mask, value, src_lane):
+        return self._scheduler.warp_op(sys._getframe(1), "shfl_sync", mask, value, src_lane)
+
+    def shfl_up_sync(self, mask, value, delta):
+        return self._scheduler.warp_op(sys._getframe(1), "shfl_up_sync", mask, value, delta)
+
+    def shfl_down_sync(self, mask, value, delta):
+        return self._scheduler.warp_op(sys._getframe(1), "shfl_down_sync", mask, value, delta)
+
+    def shfl_xor_sync(self, mask, value, lane_mask):
+        return self._scheduler.warp_op(sys._getframe(1), "shfl_xor_sync", mask, value, lane_mask)
+
+    def all_sync(self, mask, predicate):
+        return self._scheduler.warp_op(sys._getframe(1), "all_sync", mask, bool(predicate))
+
+    def any_sync(self, mask, predicate):
+        return self._scheduler.warp_op(sys._getframe(1), "any_sync", mask, bool(predicate))
+
+    def ballot_sync(self, mask, predicate):
+        return self._scheduler.warp_op(sys._getframe(1), "ballot_sync", mask, bool(predicate))
+
     def threadfence(self):
         self._log.fence()   # this thread's writes so far are seen by any thread that sees its next atomic
 
@@ -62,8 +83,9 @@ class FakeCuda:
             return gpu_version(real) or real
         raise NotImplementedError(
             f"cudacheck does not model cuda.{name}; it models threadIdx, blockIdx, blockDim, gridDim, grid, "
-            "gridsize, shared.array, local.array, const.array_like, syncthreads(_count/_and/_or), threadfence "
-            "and atomic.add/sub/max/min/exch/cas. Check a version of the kernel without it.")
+            "gridsize, shared.array, local.array, const.array_like, syncthreads(_count/_and/_or), threadfence, "
+            "atomic.add/sub/max/min/exch/cas, shfl(_up/_down/_xor)_sync and all/any/ballot_sync. Check a "
+            "version of the kernel without it.")
 
 
 class _Arrays:

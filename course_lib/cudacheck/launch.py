@@ -7,7 +7,7 @@ import traceback
 
 import numpy as np
 
-from . import binding, fakecuda, gpumath, grid, hazards, memory, report, schedule, sites
+from . import binding, fakecuda, gpumath, grid, hazards, memory, report, schedule, sites, warps
 from .binding import Binder
 from .fakecuda import FakeCuda
 from .grid import Grid
@@ -19,7 +19,7 @@ from .sites import declared_name, site
 
 # the simulator's own files: a kernel's error is told at the last line of the kernel's code, not of these
 _SIMULATOR_FILES = {__file__} | {m.__file__ for m in (binding, fakecuda, gpumath, grid, hazards, memory, report,
-                                                       schedule, sites)}
+                                                       schedule, sites, warps)}
 
 
 class Launch:

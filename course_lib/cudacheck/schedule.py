@@ -10,6 +10,7 @@ import threading
 
 from .grid import unravel
 from .sites import site, where
+from .warps import resolve_warps
 
 
 def _locked():
@@ -32,8 +33,9 @@ class SimThread:
         self.threadIdx = unravel(tid, grid.blockdim)
         self.gtid = scheduler.block_linear * grid.nthreads + tid   # unique in the launch
         self.turn = _locked()             # released: this thread's turn to run
-        self.state = "ready"          # ready | barrier | done | error | aborted
-        self.site = None              # the barrier it waits at
+        self.state = "ready"          # ready | barrier | warp | done | error | aborted
+        self.site = None              # the barrier (or warp operation) it waits at
+        self.warp = None              # at a warp operation: (name, mask, value, how)
         self.predicate = None
         self.result = None
         self.error = None
@@ -79,17 +81,22 @@ class Scheduler:
         threads = [SimThread(self, tid, blockIdx, body) for tid in range(self.grid.nthreads)]
         for t in threads:
             t.os_thread.start()
-        running, finished = threads, []
+        running = threads
         try:
             while running:
-                for t in running:       # each in turn, up to its next barrier or its end
+                for t in running:       # each in turn, up to its next barrier, warp operation or its end
                     self.thread = t
                     t.turn.release()
                     self.yielded.acquire()
                     if t.state == "error":
                         return t
-                waiting = [t for t in running if t.state == "barrier"]
-                finished += [t for t in running if t.state == "done"]
+                at_warp = [t for t in threads if t.state == "warp"]
+                if at_warp:             # shuffles and votes exchange their values; their lanes run on
+                    resolve_warps(at_warp, self)
+                    running = at_warp
+                    continue
+                waiting = [t for t in threads if t.state == "barrier"]
+                finished = [t for t in threads if t.state == "done"]
                 self.intervals += 1
                 end_interval()
                 if waiting:
@@ -100,10 +107,10 @@ class Scheduler:
                     _share_acquired(waiting)
                 running = waiting
         finally:
-            if any(t.state in ("ready", "barrier") for t in threads):
+            if any(t.state in ("ready", "barrier", "warp") for t in threads):
                 self.aborting = True
                 for t in threads:
-                    if t.state in ("ready", "barrier"):
+                    if t.state in ("ready", "barrier", "warp"):
                         t.turn.release()
                         self.yielded.acquire()
             for t in threads:
@@ -119,6 +126,18 @@ class Scheduler:
         if self.aborting:
             raise _Abort
         t.state = "ready"
+        return t.result
+
+    def warp_op(self, frame, name, mask, value, how=None):
+        """The running thread reaches warp operation ``name``: it waits until its warp's lanes have
+        reached theirs, then gets what the operation gives it (``warps.resolve_warps``)."""
+        t = self.thread
+        t.site, t.warp, t.state = site(frame), (name, int(mask) & 0xFFFFFFFF, value, how), "warp"
+        self.yielded.release()
+        t.turn.acquire()
+        if self.aborting:
+            raise _Abort
+        t.state, t.warp = "ready", None
         return t.result
 
     def _check_barrier(self, waiting, finished):

@@ -235,6 +235,35 @@ def last_block_sum_fixed(a, partial, count, out):
         out[0] = total
 
 
+# 8 --------------------------------------------------------------------------
+FULL_MASK = 0xFFFFFFFF
+
+
+@cuda.jit
+def warp_sum_buggy(a, out):          # one sum per warp, by shuffles
+    i, lane = cuda.grid(1), cuda.threadIdx.x % 32
+    v = a[i]
+    offset = 16
+    while offset > 0:
+        if lane < offset:            # the lanes that skip the shuffle are named in its full mask
+            v += cuda.shfl_down_sync(FULL_MASK, v, offset)
+        offset //= 2
+    if lane == 0:
+        out[i // 32] = v
+
+
+@cuda.jit
+def warp_sum_fixed(a, out):
+    i, lane = cuda.grid(1), cuda.threadIdx.x % 32
+    v = a[i]
+    offset = 16
+    while offset > 0:
+        v += cuda.shfl_down_sync(FULL_MASK, v, offset)   # every lane shuffles; lane 0's sum is the warp's
+        offset //= 2
+    if lane == 0:
+        out[i // 32] = v
+
+
 CASES = (
     Case("device_function_shared_reused", "a device function with a shared array, called twice, no barrier "
          "at its end", two_totals_buggy, two_totals_fixed, 2, 64,
@@ -259,4 +288,8 @@ CASES = (
          lambda: (ramp(256), np.zeros(4, np.float32), np.zeros(1, np.int32), np.zeros(1, np.float32)), "race",
          lambda a, partial, count, out: {1: a.reshape(4, 64).sum(axis=1), 2: np.array([4], np.int32),
                                          3: np.array([a.sum()], np.float32)}),
+    Case("shuffle_inside_a_branch", "a warp sum by shfl_down_sync with the full mask, called only by the "
+         "lanes that keep a value", warp_sum_buggy, warp_sum_fixed, 2, 64,
+         lambda: (ramp(128), np.zeros(4, np.float32)), "barrier",
+         lambda a, out: {1: a.reshape(4, 32).sum(axis=1, dtype=np.float32)}),
 )
