@@ -3,7 +3,7 @@
     python benchmarks/sanitizer_corpus.py                     # on a machine with a GPU and compute-sanitizer
     python benchmarks/sanitizer_corpus.py --cases reverse_no_barrier --tools racecheck
 
-For every kernel of ``course_lib.cudacheck_corpus`` (the buggy one and its
+For every kernel of ``course_lib.cudacheck.corpus`` (the buggy one and its
 fixed twin) it runs one launch on the GPU under each compute-sanitizer tool
 (racecheck, memcheck, initcheck, synccheck), each in a process of its own
 (a memcheck error leaves the CUDA context unusable), and once more without a
@@ -12,7 +12,7 @@ runs cudacheck on the same kernels, then appends one record per (kernel,
 variant, tool) to ``notebooks/records/sanitizer_corpus.jsonl``: what the tool
 flagged, what cudacheck flagged, and the date, GPU, driver, CUDA,
 compute-sanitizer, numba and numba-cuda versions.
-``course_lib.cudacheck_corpus.comparison_table()`` renders it.
+``course_lib.cudacheck.sanitizer_record.comparison_table()`` renders it.
 
 ``--launch CASE VARIANT`` is the one launch each of those processes runs.
 This is a record of a run, not a test: CI never runs it.
@@ -34,7 +34,8 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from course_lib import cudacheck  # noqa: E402
-from course_lib.cudacheck_corpus import CASES, RECORD, TOOL_OF_KIND, TOOLS, case  # noqa: E402
+from course_lib.cudacheck.corpus import CASES, case  # noqa: E402
+from course_lib.cudacheck.sanitizer_record import RECORD, TOOL_OF_KIND, TOOLS  # noqa: E402
 
 MATCH, DIFFER = "LAUNCH MATCHES SPEC", "LAUNCH DIFFERS FROM SPEC"
 
@@ -49,7 +50,12 @@ def launch(name, variant):
 
     c = case(name)
     host = c.args()
+    on_device = {}   # one cudacheck.to_device stand-in passed twice is one device array here too
+    for a in host:
+        if isinstance(a, cudacheck.DeviceArray) and id(a) not in on_device:
+            on_device[id(a)] = cuda.to_device(a.copy_to_host())
     dev = [cuda.device_array(a.shape, a.dtype) if isinstance(a, cudacheck.Uninitialized)
+           else on_device[id(a)] if isinstance(a, cudacheck.DeviceArray)
            else cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in host]
     getattr(c, variant)[c.griddim, c.blockdim](*dev)
     cuda.synchronize()
@@ -201,7 +207,7 @@ def main(argv=None):
                       f"  {','.join(verdict['kinds']) or '-'} / {plain['status']}, spec {plain['matches_spec']}")
     print(f"records appended to {args.out}")
     if args.table:
-        from course_lib.cudacheck_corpus import comparison_table
+        from course_lib.cudacheck.sanitizer_record import comparison_table
         args.table.write_text(comparison_table(args.out) + "\n", encoding="utf-8")
 
 

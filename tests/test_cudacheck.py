@@ -13,7 +13,8 @@ import pytest
 from numba import cuda, float32
 
 from course_lib import cudacheck
-from course_lib.cudacheck_corpus import CASES, RECORD, TOOLS, comparison_table, load_record
+from course_lib.cudacheck.corpus import CASES
+from course_lib.cudacheck.sanitizer_record import RECORD, TOOLS, comparison_table, load_record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +45,7 @@ def test_every_fixed_twin_passes_and_gives_the_spec_answer(c):
     report, args = run(c, "fixed")
     assert report.ok, str(report)
     assert "no races, barrier errors, out-of-bounds or uninitialized reads" in str(report)
-    results = [a.copy_to_host() if isinstance(a, cudacheck.Uninitialized) else a for a in args]
+    results = [a.copy_to_host() if hasattr(a, "copy_to_host") else a for a in args]
     fresh = [np.zeros(a.shape, a.dtype) if isinstance(a, cudacheck.Uninitialized) else a for a in c.args()]
     for pos, want in c.spec(*fresh).items():
         np.testing.assert_allclose(results[pos], want, rtol=1e-5, atol=1e-5)
@@ -187,17 +188,19 @@ def test_a_kernel_that_raises_names_the_thread_and_line():
 
 def test_an_unmodelled_api_is_refused_with_what_is_modelled():
     @cuda.jit
-    def shuffles(out):
-        out[0] = cuda.shfl_down_sync(0xFFFFFFFF, 1, 1)
-    with pytest.raises(cudacheck.KernelError, match="cudacheck does not model cuda.shfl_down_sync"):
-        cudacheck.check(shuffles, 1, 1, np.zeros(1, np.float32))
+    def warp_barrier(out):
+        cuda.syncwarp()
+        out[0] = 1
+    with pytest.raises(cudacheck.KernelError, match="cudacheck does not model cuda.syncwarp; .* shfl"):
+        cudacheck.check(warp_barrier, 1, 1, np.zeros(1, np.float32))
 
 
 def test_a_float_index_is_a_clear_type_error():
     @cuda.jit
     def half(a):
         a[cuda.grid(1) / 2] = 1
-    with pytest.raises(cudacheck.KernelError, match="must be an integer, got float"):
+    with pytest.raises(cudacheck.KernelError, match=r"at line \d+ of half \(`a\[cuda.grid\(1\) / 2\] = 1`\): "
+                       "index into a must be an integer, got float"):
         cudacheck.check(half, 1, 2, np.zeros(2, np.float32))
 
 
@@ -227,20 +230,191 @@ def test_the_kernel_objects_of_numbas_simulator_are_checked_too():
     assert out.stdout.strip() == "FakeCUDAKernel ['race']"
 
 
+def test_cudacheck_imports_alone_as_the_grader_s_kernel_sandbox_holds_it():
+    """The kernel sandbox binds the package beside its worker: no course_lib and no numba around it."""
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'course_lib')!r})\n"
+        "import numpy as np\n"
+        "import cudacheck\n"
+        "cuda = cudacheck.STANDIN\n"
+        "@cuda.jit\n"
+        "def shift(a):\n"
+        "    a[cuda.threadIdx.x] = a[cuda.threadIdx.x + 1]\n"
+        "print(sorted(cudacheck.check(shift, 1, 4, np.zeros(4, np.float32)).kinds))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'course_lib', 'numba'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.split("\n")[:2] == ["['out_of_bounds', 'race']", "[]"], out.stdout
+
+# ------------------------------------ what the GPU does, where Python differs
+
+
+@cuda.jit(device=True)
+def stage_and_sum(x, with_last_barrier):
+    buf = cuda.shared.array(32, float32)
+    buf[cuda.threadIdx.x] = x
+    cuda.syncthreads()
+    total = float32(0)
+    for j in range(32):
+        total += buf[j]
+    if with_last_barrier:
+        cuda.syncthreads()
+    return total
+
+
+def test_a_shared_array_is_one_array_per_block_however_often_its_declaration_runs():
+    @cuda.jit
+    def twice(a, out, with_last_barrier):
+        t = cuda.threadIdx.x
+        out[t] = stage_and_sum(a[t], with_last_barrier) + stage_and_sum(2 * a[t], with_last_barrier)
+
+    a, out = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+    report = cudacheck.check(twice, 1, 32, a, out, False)
+    assert report.kinds == {"race"} and report.findings[0].array == "shared array `buf`"
+    assert "`buf` is one array for the whole block, however often its declaration runs" in str(report)
+    fixed = cudacheck.check(twice, 1, 32, a, out, True)
+    assert fixed.ok, str(fixed)
+    np.testing.assert_array_equal(out, np.full(32, 3 * a.sum(), np.float32))
+
+
+def test_one_device_array_passed_twice_is_one_buffer_and_host_arrays_are_copied_one_by_one():
+    @cuda.jit
+    def shift(a, out):
+        i = cuda.grid(1)
+        out[i] = a[i - 1] if i > 0 else 0
+
+    @cuda.jit
+    def double(a, out):
+        i = cuda.grid(1)
+        out[i] = 2 * a[i]
+
+    x = cudacheck.to_device(np.arange(64, dtype=np.float32))
+    report = cudacheck.check(shift, 1, 64, x, x)
+    assert report.kinds == {"race"}, str(report)
+    assert report.findings[0].array == "`a` (the same device array as `out`)"
+    assert "`a` and `out` are one device array in this launch" in report.findings[0].message
+    assert report.global_reads == {"a": 63, "out": 0}
+    y = cudacheck.to_device(np.arange(64, dtype=np.float32))
+    assert cudacheck.check(double, 2, 32, y, y).ok   # each element read, then written, by one thread
+    np.testing.assert_array_equal(y.copy_to_host(), 2 * np.arange(64, dtype=np.float32))
+    host = np.arange(64, dtype=np.float32)   # a launch copies each host argument to a buffer of its own
+    assert cudacheck.check(shift, 1, 64, host, host).ok
+
+
+def test_math_gives_the_gpus_ieee_results_where_python_raises():
+    @cuda.jit
+    def edges(out):
+        out[0] = math.log(0.0)
+        out[1] = math.exp(1000.0)
+        out[2] = math.sqrt(-1.0)
+        out[3] = math.log(-1.0)
+        out[4] = math.pow(0.0, -1.0)
+        out[5] = math.log(math.e)
+
+    out = np.zeros(6)
+    assert cudacheck.check(edges, 1, 1, out).ok
+    np.testing.assert_array_equal(out, [-np.inf, np.inf, np.nan, np.nan, np.inf, 1.0])
+
+
+def test_an_integer_cast_wraps_to_its_width_as_on_the_gpu():
+    @cuda.jit
+    def casts(out):
+        tmp = cuda.local.array(2, numba.int32)   # an integer type still names a dtype
+        tmp[0] = numba.int32(2 ** 31 + 5)
+        tmp[1] = cuda.int32(-1)
+        out[0] = numba.int16(33000)
+        out[1] = numba.uint8(-1)
+        out[2] = tmp[0]
+        out[3] = numba.int32(3.7)
+        out[4] = tmp[1]
+
+    out = np.zeros(5, np.int64)
+    assert cudacheck.check(casts, 1, 1, out).ok
+    assert out.tolist() == [-32536, 255, -2 ** 31 + 5, 3, -1]
+
+
+def test_a_tile_sized_for_a_bigger_block_is_named_as_the_cause_of_the_unwritten_reads():
+    c = next(c for c in CASES if c.name == "tile_sized_for_another_block")
+    report, _ = run(c, "buggy")
+    assert report.kinds == {"uninitialized"}
+    assert "`tile` has 64 elements, but the block has 32 threads (blockdim 32)" in report.findings[0].message
+    assert "for e in range(t, 64, cuda.blockDim.x)" in report.findings[0].message
+    other = next(c for c in CASES if c.name == "shared_tail_never_written")   # a tile as big as its block
+    assert "elements, but the block has" not in str(run(other, "buggy")[0])
+
+
+def test_a_write_fenced_before_an_atomic_is_seen_by_the_block_whose_later_atomic_follows_it():
+    c = next(c for c in CASES if c.name == "last_block_without_fence")
+    assert run(c, "fixed")[0].ok                      # the CUDA guide's single-pass sum
+    buggy = run(c, "buggy")[0].findings[0]            # the same without its threadfence
+    assert buggy.kind == "race" and buggy.array == "`partial`"
+    assert "put cuda.threadfence() after the write, before the atomic" in buggy.message
+
+    @cuda.jit
+    def fence_without_atomic(x, out):
+        if cuda.blockIdx.x == 0:
+            x[0] = 1
+            cuda.threadfence()    # a fence alone orders nothing between blocks: no atomic says the write is done
+        else:
+            out[0] = x[0]
+
+    report = cudacheck.check(fence_without_atomic, 2, 1, np.zeros(1, np.float32), np.zeros(1, np.float32))
+    assert report.kinds == {"race"} and "Nothing orders two blocks" in str(report)
+
+
+def test_shuffles_and_votes_give_each_lane_what_the_warp_gives_it():
+    @cuda.jit
+    def warp_ops(a, out):
+        i = cuda.grid(1)
+        full = 0xFFFFFFFF
+        total = a[i]
+        for bit in (16, 8, 4, 2, 1):               # butterfly: every lane ends with the warp's sum
+            total += cuda.shfl_xor_sync(full, total, bit)
+        out[0, i] = total
+        out[1, i] = cuda.shfl_sync(full, a[i], 3)   # lane 3's value, to every lane
+        out[2, i] = cuda.shfl_up_sync(full, a[i], 1)   # lane 0 keeps its own
+        out[3, i] = cuda.ballot_sync(full, a[i] > 0)
+        out[4, i] = cuda.all_sync(full, a[i] > -100) + 2 * cuda.any_sync(full, a[i] > 100)
+
+    a = np.arange(64, dtype=np.float64) - 20
+    out = np.zeros((5, 64))
+    report = cudacheck.check(warp_ops, 1, 64, a, out)
+    assert report.ok, str(report)
+    w = a.reshape(2, 32)
+    np.testing.assert_array_equal(out[0], np.repeat(w.sum(axis=1), 32))
+    np.testing.assert_array_equal(out[1], np.repeat(w[:, 3], 32))
+    np.testing.assert_array_equal(out[2], np.concatenate([[w[0, 0]], w[0, :-1], [w[1, 0]], w[1, :-1]]))
+    ballots = [sum(1 << k for k in range(32) if row[k] > 0) for row in w]
+    np.testing.assert_array_equal(out[3], np.repeat(ballots, 32))
+    np.testing.assert_array_equal(out[4], np.ones(64))
+
+
+def test_a_shuffle_whose_mask_names_a_lane_that_never_comes_is_a_barrier_finding():
+    c = next(c for c in CASES if c.name == "shuffle_inside_a_branch")
+    finding = run(c, "buggy")[0].findings[0]
+    assert finding.kind == "barrier"
+    assert "its mask 0xffffffff names threads 16-31, which finished the kernel" in finding.message
+
+
 # ---------------------------------------- the record made on the H200
 
 
-def test_the_committed_record_holds_every_case_and_tool_and_the_versions():
+RECORDED = [c for c in CASES if c.name in {r["case"] for r in load_record()}]
+
+
+def test_the_committed_record_holds_every_tool_for_its_cases_and_the_versions():
     records = load_record()
+    assert len(RECORDED) >= 16 and {r["case"] for r in records} <= {c.name for c in CASES}
     assert {(r["case"], r["variant"], r["tool"]) for r in records} == \
-        {(c.name, v, t) for c in CASES for v in ("buggy", "fixed") for t in TOOLS}
+        {(c.name, v, t) for c in RECORDED for v in ("buggy", "fixed") for t in TOOLS}
     env = records[0]["environment"]
     for key in ("date", "gpu", "driver", "cuda", "compute_sanitizer", "numba", "numba-cuda"):
         assert env[key] and env[key] != "none", key
     assert "H200" in env["gpu"]
 
 
-@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("c", RECORDED, ids=lambda c: c.name)
 def test_cudacheck_today_flags_every_bug_the_sanitizer_flagged_and_passes_the_twins_it_passed(c):
     records = {(r["variant"], r["tool"]): r for r in load_record() if r["case"] == c.name}
     buggy, fixed = run(c, "buggy")[0], run(c, "fixed")[0]
@@ -262,6 +436,11 @@ def test_the_comparison_table_shows_the_date_versions_and_what_the_sanitizer_mis
     assert "| `reverse_no_barrier` (" in table and "| flagged (" in table
     assert "compute-sanitizer flagged nothing in" in table
     assert "- `blocks_add_to_one_element`: racecheck checks shared memory only" in table
+    for c in CASES:
+        if c not in RECORDED:   # added since the run on the GPU: the table says so
+            row = next(line for line in table.splitlines() if line.startswith(f"| `{c.name}` ("))
+            assert row.count("| no verdict yet") == len(TOOLS) and f"| {c.expect}" in row, row
+            assert f"`{c.name}`" in table.split("have no compute-sanitizer verdict yet:")[1]
 
 
 # ------------------------------------------ the sanitizer script's reading

@@ -115,7 +115,7 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False):
     argv.extend(["--dir", "/grader", "--ro-bind", str(HERE / "worker.py"), "/grader/worker.py",
                  "--ro-bind", str(HERE / "wire.py"), "/grader/wire.py"])
     if kernels:  # the kernel sandbox: cudacheck beside the worker, and still nothing else of the course
-        argv.extend(["--ro-bind", str(HERE.parent / "cudacheck.py"), "/grader/cudacheck.py"])
+        argv.extend(["--ro-bind", str(HERE.parent / "cudacheck"), "/grader/cudacheck"])
     argv.extend(["--remount-ro", "/", "--chdir", "/tmp"])
     env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",

@@ -15,7 +15,7 @@ one reply per request on OUT_FD:
 - ``get``: the value of a defined name, as plain data.
 
 Started with a third argument, ``kernels``, it is the kernel sandbox instead
-(``kernels.py`` says why): ``cudacheck.py`` lies beside it, no answer cell ever
+(``kernels.py`` says why): the ``cudacheck`` package lies beside it, no answer cell ever
 runs in it, and it takes two other requests:
 
 - ``define``: define the ``@cuda.jit`` functions of one cell from the source the
@@ -187,7 +187,7 @@ def serve():
     if sys.argv[3:] == ["kernels"]:
         here = os.path.dirname(os.path.abspath(__file__))
         # beside this file in the sandbox; one folder up (course_lib) when run as a plain process
-        sys.path.insert(0, here if os.path.exists(os.path.join(here, "cudacheck.py")) else os.path.dirname(here))
+        sys.path.insert(0, here if os.path.isdir(os.path.join(here, "cudacheck")) else os.path.dirname(here))
         import cudacheck as module
         cudacheck = module
     IN = os.fdopen(int(sys.argv[1]), "rb", buffering=0)

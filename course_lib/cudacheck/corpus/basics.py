@@ -1,52 +1,12 @@
-"""Small CUDA kernels with one planted bug each, beside their fixed twins: cudacheck's test bench.
-
-Each ``Case`` holds a kernel with a bug a learner really makes (a missing
-barrier, a read past the tail, an early return before ``syncthreads``...), the
-same kernel fixed, a launch and the numpy answer the fixed twin must give.
-``tests/test_cudacheck.py`` holds cudacheck to them on every CI run;
-``benchmarks/sanitizer_corpus.py`` runs the very same kernels on a GPU under
-NVIDIA's ``compute-sanitizer`` (racecheck, memcheck, initcheck, synccheck) and
-records, kernel by kernel, what each tool flagged beside what cudacheck
-flagged.  ``comparison_table()`` renders that record for chapter 09.
-
-    from course_lib import cudacheck, cudacheck_corpus
-    for case in cudacheck_corpus.CASES:
-        print(case.name, cudacheck.check(case.buggy, case.griddim, case.blockdim, *case.args()).kinds)
-"""
+"""The bugs every first CUDA kernel risks: a missing barrier, a read past the tail, a barrier some
+threads never reach, memory read before anything wrote it; each beside its fixed twin."""
 from __future__ import annotations
-
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from numba import cuda, float32
 
-from .cudacheck import uninitialized
-
-RECORD = Path(__file__).resolve().parent.parent / "notebooks" / "records" / "sanitizer_corpus.jsonl"
-TOOLS = ("racecheck", "memcheck", "initcheck", "synccheck")
-TOOL_OF_KIND = {"race": "racecheck", "out_of_bounds": "memcheck", "uninitialized": "initcheck",
-                "barrier": "synccheck"}
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    bug: str                 # the planted bug, in a learner's words
-    buggy: object            # the @cuda.jit kernel with the bug
-    fixed: object            # its twin, with the bug fixed
-    griddim: object
-    blockdim: object
-    args: Callable           # () -> fresh launch arguments
-    expect: str              # the cudacheck kind the bug must raise
-    spec: Callable           # args -> {argument position: the array the fixed twin leaves there}
-    blind_spot: str = ""     # why a compute-sanitizer tool cannot see this bug, where its documents say
-
-
-def _ramp(n):
-    return np.arange(n, dtype=np.float32) % 13 - 6.0
+from ..memory import uninitialized
+from .case import Case, ramp
 
 
 # 1 --------------------------------------------------------------------------
@@ -474,135 +434,60 @@ def _scaled(factor):
 
 CASES = (
     Case("reverse_no_barrier", "reads a shared slot another warp writes, with no syncthreads between",
-         reverse_buggy, reverse_fixed, 2, 64, lambda: (_ramp(128), np.zeros(128, np.float32)), "race",
+         reverse_buggy, reverse_fixed, 2, 64, lambda: (ramp(128), np.zeros(128, np.float32)), "race",
          lambda a, out: {1: a.reshape(2, 64)[:, ::-1].reshape(-1)}),
     Case("tile_loop_no_second_barrier", "the next tile load overwrites shared memory other threads still read",
-         tile_loop_buggy, tile_loop_fixed, 1, 64, lambda: (_ramp(256), np.zeros(64, np.float32)), "race",
+         tile_loop_buggy, tile_loop_fixed, 1, 64, lambda: (ramp(256), np.zeros(64, np.float32)), "race",
          _tile_loop_spec),
     Case("tree_sum_barrier_outside_loop", "one syncthreads after the halving loop instead of one per step",
-         tree_sum_buggy, tree_sum_fixed, 2, 128, lambda: (_ramp(256), np.zeros(2, np.float32)), "race",
+         tree_sum_buggy, tree_sum_fixed, 2, 128, lambda: (ramp(256), np.zeros(2, np.float32)), "race",
          lambda a, out: {1: a.reshape(2, 128).sum(axis=1, dtype=np.float32)}),
     Case("no_tail_guard", "128 threads for 100 elements, no `if i < n`",
-         scale_buggy, scale_fixed, 2, 64, lambda: (_ramp(100), np.zeros(100, np.float32)), "out_of_bounds",
+         scale_buggy, scale_fixed, 2, 64, lambda: (ramp(100), np.zeros(100, np.float32)), "out_of_bounds",
          _scaled(2)),
     Case("tile_load_past_tail", "the last K tile is loaded without a guard (N = 40, tiles of 32)",
-         tile_tail_buggy, tile_tail_fixed, 1, 32, lambda: (_ramp(40), np.zeros(32, np.float32)), "out_of_bounds",
+         tile_tail_buggy, tile_tail_fixed, 1, 32, lambda: (ramp(40), np.zeros(32, np.float32)), "out_of_bounds",
          lambda k, out: {1: np.full(32, k.sum(dtype=np.float32), np.float32)}),
     Case("shared_indexed_by_global_index", "the shared tile is indexed with cuda.grid(1), not threadIdx.x",
          shared_global_index_buggy, shared_global_index_fixed, 4, 64,
-         lambda: (_ramp(256), np.zeros(256, np.float32)), "out_of_bounds", _pair_sum_spec),
+         lambda: (ramp(256), np.zeros(256, np.float32)), "out_of_bounds", _pair_sum_spec),
     Case("shared_tail_never_written", "past the tail nobody writes the shared slot, and thread 0 sums it",
-         block_sum_tail_buggy, block_sum_tail_fixed, 2, 64, lambda: (_ramp(100), np.zeros(2, np.float32)),
+         block_sum_tail_buggy, block_sum_tail_fixed, 2, 64, lambda: (ramp(100), np.zeros(2, np.float32)),
          "uninitialized",
          lambda a, out: {1: np.array([a[:64].sum(), a[64:].sum()], np.float32)},
          "initcheck checks global memory only, not shared memory"),
     Case("accumulate_into_unwritten_output", "out[i] += ... into cuda.device_array memory nobody wrote",
-         accumulate_buggy, accumulate_fixed, 2, 64, lambda: (_ramp(100), uninitialized(100, np.float32)),
+         accumulate_buggy, accumulate_fixed, 2, 64, lambda: (ramp(100), uninitialized(100, np.float32)),
          "uninitialized", lambda a, out: {1: a}),
     Case("local_accumulator_not_zeroed", "a cuda.local.array accumulator used without setting it to 0",
          local_acc_buggy, local_acc_fixed, 1, 32,
-         lambda: (_ramp(24).reshape(6, 4), np.zeros(32, np.float32)), "uninitialized",
+         lambda: (ramp(24).reshape(6, 4), np.zeros(32, np.float32)), "uninitialized",
          lambda a, out: {1: a.sum(dtype=np.float32) * np.arange(1, 33, dtype=np.float32)},
          "initcheck checks global memory only; a cuda.local.array is local memory"),
     Case("barrier_inside_tail_branch", "syncthreads inside `if t < n`, n = 40 of 64 threads",
          barrier_in_branch_buggy, barrier_in_branch_fixed, 1, 64,
-         lambda: (_ramp(64), np.zeros(64, np.float32), 40), "barrier",
+         lambda: (ramp(64), np.zeros(64, np.float32), 40), "barrier",
          lambda a, out, n: {1: np.concatenate([a[:n][::-1], out[n:]])}),
     Case("early_return_before_barrier", "`if i >= n: return` before the tile load and its syncthreads",
-         early_return_buggy, early_return_fixed, 2, 64, lambda: (_ramp(100), np.zeros(100, np.float32)),
+         early_return_buggy, early_return_fixed, 2, 64, lambda: (ramp(100), np.zeros(100, np.float32)),
          "barrier", _early_return_spec),
     Case("a_barrier_per_branch", "each warp waits at a syncthreads of its own branch",
-         split_barriers_buggy, split_barriers_fixed, 1, 64, lambda: (_ramp(64), np.zeros(64, np.float32)),
+         split_barriers_buggy, split_barriers_fixed, 1, 64, lambda: (ramp(64), np.zeros(64, np.float32)),
          "barrier", lambda a, out: {1: np.roll(a, 32)}),
     Case("blocks_add_to_one_element", "every block does out[0] += partial, no atomic",
-         grid_sum_buggy, grid_sum_fixed, 4, 64, lambda: (_ramp(256), np.zeros(1, np.float32)), "race",
+         grid_sum_buggy, grid_sum_fixed, 4, 64, lambda: (ramp(256), np.zeros(1, np.float32)), "race",
          lambda a, out: {1: np.array([a.sum(dtype=np.float32)], np.float32)},
          "racecheck checks shared memory only; this race is on global memory, between blocks"),
     Case("stencil_negative_index", "a[i - 1] at i = 0: numba wraps it to a[-1]",
-         stencil_buggy, stencil_fixed, 1, 64, lambda: (_ramp(64), np.zeros(64, np.float32)), "out_of_bounds",
+         stencil_buggy, stencil_fixed, 1, 64, lambda: (ramp(64), np.zeros(64, np.float32)), "out_of_bounds",
          _stencil_spec, "numba wraps a[-1] to the last element, so the access stays inside the allocation"),
     Case("matmul_no_second_barrier", "tiled matmul without the barrier at the end of the k loop",
          matmul_buggy, matmul_fixed, (2, 2), (TILE, TILE),
-         lambda: (_ramp(32 * 64).reshape(32, 64) / 8, _ramp(64 * 32).reshape(64, 32)[::-1].copy() / 8,
+         lambda: (ramp(32 * 64).reshape(32, 64) / 8, ramp(64 * 32).reshape(64, 32)[::-1].copy() / 8,
                   np.zeros((32, 32), np.float32)), "race",
          lambda A, B, C: {2: (A.astype(np.float64) @ B).astype(np.float32)}),
     Case("causal_loop_per_row", "the K-tile loop's trip count depends on the row, with barriers inside",
-         causal_loop_buggy, causal_loop_fixed, 1, 64, lambda: (_ramp(64), np.zeros(64, np.float32)), "barrier",
+         causal_loop_buggy, causal_loop_fixed, 1, 64, lambda: (ramp(64), np.zeros(64, np.float32)), "barrier",
          _causal_spec),
 )
 
-
-def case(name) -> Case:
-    for c in CASES:
-        if c.name == name:
-            return c
-    raise KeyError(f"no corpus case {name!r}; the cases are {', '.join(c.name for c in CASES)}")
-
-
-# ------------------------------------------------------- the sanitizer record
-
-
-def load_record(path=RECORD, *, every_run=False) -> list:
-    """The latest run's lines of the sanitizer record (one per case, variant and tool), or every run's."""
-    with Path(path).open(encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    if not lines:
-        raise ValueError(f"{path} holds no records; run benchmarks/sanitizer_corpus.py on a GPU machine")
-    last = lines[-1]["run"]
-    return lines if every_run else [r for r in lines if r["run"] == last]
-
-
-def _gpu_answer(runs):
-    """'right anyway', 'wrong', or 'wrong in 1 of 2 runs': a race shows on the hardware only now and then."""
-    words = [r["status"] if r["status"] != "ok" else {True: "right anyway", False: "wrong", None: "?"}
-             [r["matches_spec"]] for r in runs]
-    if len(set(words)) == 1:
-        return words[0]
-    return f"wrong in {words.count('wrong')} of {len(words)} runs"
-
-
-def comparison_table(path=RECORD) -> str:
-    """Markdown: per planted bug, what each compute-sanitizer tool and cudacheck flagged, with the run's versions.
-
-    A cell reads `flagged (n)` (the tool reported n errors), `-` (nothing), or
-    `crashed` / `fault` / `timeout`; `fixed twin` says whether every tool and
-    cudacheck passed it; the last column, whether the buggy kernel's answer on
-    the GPU (run without a sanitizer) was right anyway, a bug that did not show,
-    over every run of the record on that GPU.  The tools' columns are the latest run's.
-    """
-    records, every = load_record(path), load_record(path, every_run=True)
-    env = records[0]["environment"]
-    by = {(r["case"], r["variant"], r["tool"]): r for r in records}
-    names = list(dict.fromkeys(r["case"] for r in records))
-    head = (f"Measured on {env['date'][:10]}: {env['gpu']}, driver {env['driver']}, CUDA {env['cuda']}, "
-            f"compute-sanitizer {env['compute_sanitizer']}, numba {env['numba']}, "
-            f"numba-cuda {env['numba-cuda']} (`{Path(path).name}`).\n\n")
-    rows = ["| kernel (planted bug) | " + " | ".join(TOOLS) + " | cudacheck | fixed twin | buggy answer on the GPU |",
-            "|---" * (len(TOOLS) + 4) + "|"]
-    for name in names:
-        buggy = [by[(name, "buggy", tool)] for tool in TOOLS]
-        fixed = [by[(name, "fixed", tool)] for tool in TOOLS]
-        cells = [_cell(r["sanitizer"]) for r in buggy]
-        kinds = buggy[0]["cudacheck"]["kinds"]
-        clean = all(not r["sanitizer"]["flagged"] and r["sanitizer"]["status"] == "ok" for r in fixed) and \
-            not fixed[0]["cudacheck"]["kinds"]
-        answer = _gpu_answer([r["plain_run"] for r in every if (r["case"], r["variant"], r["tool"]) ==
-                              (name, "buggy", TOOLS[0]) and r["environment"]["gpu"] == env["gpu"]])
-        rows.append(f"| `{name}` ({buggy[0]['bug']}) | " + " | ".join(cells) +
-                    f" | {', '.join(kinds) or '-'} | {'all clean' if clean else 'NOT clean'} | {answer} |")
-    missed = [n for n in names if not any(by[(n, "buggy", t)]["sanitizer"]["flagged"] for t in TOOLS)]
-    foot = ""
-    if missed:
-        caught = [n for n in missed if by[(n, "buggy", TOOLS[0])]["cudacheck"]["kinds"]]
-        foot = (f"\n\ncompute-sanitizer flagged nothing in {len(missed)} of {len(names)} planted bugs; "
-                f"cudacheck flagged {len(caught)} of those {len(missed)}:\n")
-        for n in missed:
-            known = {c.name: c.blind_spot for c in CASES}.get(n) or "no tool reported an error on this GPU"
-            foot += f"\n- `{n}`: {known}."
-    return head + "\n".join(rows) + foot
-
-
-def _cell(s):
-    if s["status"] != "ok":
-        return s["status"]
-    return f"flagged ({s['errors']})" if s["flagged"] else "-"
