@@ -128,7 +128,8 @@ def finalize(m, l):
     """(lse, 1 / l) at the end of a row: lse = m + log l, out = O / l.
 
     A row that saw no key (l == 0) gives lse = -inf and scale 0 (out = 0); a
-    NaN in l (a NaN score) gives lse = NaN, never -inf.
+    NaN in l (a NaN score) gives lse = NaN, never -inf.  The numpy kernels
+    run the same rule on arrays: ``online_softmax.finalize``.
     """
     if l == 0.0:
         return -math.inf, 0.0
