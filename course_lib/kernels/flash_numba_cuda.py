@@ -52,8 +52,8 @@ from ..core import rules
 from ..core.reference import nan_lse_where_out_is_nan
 from . import launch as host
 
-# Br: threads per block, one per query row; Bc: keys per shared-memory tile; their
-# defaults are launch.DEFAULT_TILES', on a GPU and in the simulators.
+# Br: threads per block, one per query row; Bc: keys per shared-memory tile (their
+# defaults, on a GPU and in the simulators: launch.DEFAULT_TILES).
 MAX_THREADS = 1024            # per block, on every CUDA GPU
 SHARED_BYTES = 48 * 1024      # static shared memory a block may use
 # The simulators run one Python thread per CUDA thread: B * H * Nq * Nk * (D + Dv)
