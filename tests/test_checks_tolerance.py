@@ -80,3 +80,16 @@ def test_a_wrong_float32_lse_still_fails(capsys):
     checks.check_attention(out, q, k, v, lse=lse)
     with pytest.raises(checks.CheckFailed, match="lse"):
         checks.check_attention(out, q, k, v, lse=lse + np.float32(1e-3))
+
+
+@pytest.mark.parametrize("dtype,runs", [(np.float64, 0), (np.float32, 1), (np.float16, 1)])
+def test_one_check_runs_the_naive_baseline_at_most_once(dtype, runs, monkeypatch, capsys):
+    from course_lib.kernels import naive
+
+    calls = []
+    baseline = naive.attention_forward
+    monkeypatch.setattr(naive, "attention_forward", lambda *args: calls.append(args) or baseline(*args))
+    q, k, v = make_qkv(np.random.default_rng(7), 1, 2, 1, 20, 24, 8, 8, dtype)
+    out, lse = course_lib.attention(q, k, v, impl="flash_numpy", causal=True, return_lse=True)
+    checks.check_attention(out, q, k, v, lse=lse, causal=True)
+    assert len(calls) == runs  # for out and lse together
