@@ -6,7 +6,10 @@ property tests call it directly), compiles with ``numba.njit`` (chapter 08's
 CPU kernel) and with ``numba.cuda.jit(device=True)`` (chapter 09's GPU kernel).
 No rule calls another rule: a compiler sees each one on its own, and a kernel
 composes them.  The vectorised forms (``MaskSpec``, ``online_softmax``) are
-built on these or held equal to them by property tests.
+built on these or held equal to them by property tests.  The precision rule
+at the end (which dtype S, m, l, O and lse are kept in, when P is rounded,
+the bytes of a dtype) is a set of host-side functions of a dtype, which every
+kernel, model and check asks.
 
 Positions.  Query ``i`` stands at key position ``i + offset``: ``offset`` is
 ``Nk - Nq`` for FlashAttention's bottom-right alignment, 0 for PyTorch's
