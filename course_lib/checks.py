@@ -28,9 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .core import rules
 from .core.options import call_forward
+from .core.reference import attention_math
 from .kernels import naive
-from .core.reference import LOW_PRECISION, attention_math
+from .kernels.launch import DEFAULT_BLOCK_Q
 
 # (atol, rtol) per dtype the answer is asked for (never the dtype it comes in).  float32 leaves room for a different
 # summation order over a few thousand keys; float64 for the same in double.
@@ -247,32 +249,31 @@ def _grounded(q, k, v, expected, expected_lse, **options):
     baseline, baseline_lse = call_forward(naive.attention_forward, q, k, v, return_lse=True, **options)
     _, _, out_err = _errors(baseline, expected)
     _, _, lse_err = _errors(baseline_lse, expected_lse)
-    lse_dtype = np.dtype(np.float32)
     return (2 * _largest(out_err) + _rounding(expected, q.dtype),
-            2 * _largest(lse_err) + _rounding(expected_lse, lse_dtype))
+            2 * _largest(lse_err) + _rounding(expected_lse, np.dtype(rules.lse_dtype(q.dtype))))
+
+
+def tolerances(q, k, v, expected, expected_lse, **options):
+    """The rules for out and for lse, each (bound or None, atol, rtol, rule text), for answers
+    expected in q's dtype; naive attention (the baseline) runs at most once."""
+    name = q.dtype.name
+    atol, rtol = tolerance(q.dtype)
+    fixed = (None, atol, rtol, f"atol {atol:g}, rtol {rtol:g}")
+    if rules.is_low_precision(q.dtype):  # lse is float32 there, from rounded scores: fixed bounds
+        out_bound, _ = _grounded(q, k, v, expected, expected_lse, **options)
+        return (out_bound, 0.0, 0.0, f"2 x naive {name} error + rounding"), fixed
+    if q.dtype == np.float32:
+        out_bound, lse_bound = _grounded(q, k, v, expected, expected_lse, **options)
+        rule = f"atol {atol:g}, rtol {rtol:g} or 2 x naive float32 error + rounding"
+        return (out_bound, atol, rtol, rule), (lse_bound, atol, rtol, rule)
+    return fixed, fixed
 
 
 def attention_tolerance(q, k, v, expected, expected_lse=None, **options):
     """(bound or None, atol, rtol, rule text) for attention outputs expected in q's dtype."""
     if expected_lse is None:
         _, expected_lse = call_forward(_reference64, q, k, v, return_lse=True, **options)
-    if q.dtype.name in LOW_PRECISION:
-        bound, _ = _grounded(q, k, v, expected, expected_lse, **options)
-        return bound, 0.0, 0.0, f"2 x naive {q.dtype.name} error + rounding"
-    atol, rtol = tolerance(q.dtype)
-    if q.dtype == np.float32:
-        bound, _ = _grounded(q, k, v, expected, expected_lse, **options)
-        return bound, atol, rtol, f"atol {atol:g}, rtol {rtol:g} or 2 x naive float32 error + rounding"
-    return None, atol, rtol, f"atol {atol:g}, rtol {rtol:g}"
-
-
-def lse_tolerance(q, k, v, expected, expected_lse, **options):
-    """(bound or None, atol, rtol, rule text) for lse: fixed bounds, and for float32 the naive baseline too."""
-    atol, rtol = tolerance(q.dtype)  # lse is float32 at low precision, from rounded scores
-    if q.dtype == np.float32:
-        _, bound = _grounded(q, k, v, expected, expected_lse, **options)
-        return bound, atol, rtol, f"atol {atol:g}, rtol {rtol:g} or 2 x naive float32 error + rounding"
-    return None, atol, rtol, f"atol {atol:g}, rtol {rtol:g}"
+    return tolerances(q, k, v, expected, expected_lse, **options)[0]
 
 
 def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -> None:
@@ -282,12 +283,12 @@ def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -
     ``block_q`` also names the query tile reported on failure.
     """
     expected, expected_lse = call_forward(_reference64, q, k, v, return_lse=True, **options)
-    bound, atol, rtol, rule = attention_tolerance(q, k, v, expected, expected_lse, **options)
+    (bound, atol, rtol, rule), for_lse = tolerances(q, k, v, expected, expected_lse, **options)
     label = f"{name} ({_describe(q, k, v, options)})"
-    block_q = options.get("block_q") or 64
+    block_q = options.get("block_q") or DEFAULT_BLOCK_Q
     verdict = compare(label, actual, expected, bound=bound, atol=atol, rtol=rtol, rule=rule, block_q=block_q)
     if verdict.passed and lse is not None:
-        lse_bound, lse_atol, lse_rtol, lse_rule = lse_tolerance(q, k, v, expected, expected_lse, **options)
+        lse_bound, lse_atol, lse_rtol, lse_rule = for_lse
         verdict = compare(f"{label} lse", lse, expected_lse, bound=lse_bound, atol=lse_atol, rtol=lse_rtol,
                           rule=lse_rule, block_q=block_q, row_axis=-1)
         if verdict.passed:

@@ -1,6 +1,7 @@
 """Rules every impl on this machine must keep, beyond matching the reference
-(tests/test_matrix.py): packed varlen batches, untouched (even read-only)
-inputs, and a NaN that stays in its own query row."""
+(tests/test_matrix.py): packed varlen batches (each sequence masked and ALiBi-
+biased on its own lengths), untouched (even read-only) inputs, and a NaN that
+stays in its own query row."""
 import numpy as np
 import pytest
 
@@ -26,13 +27,15 @@ def test_varlen_equals_each_sequence_alone_with_empty_sequences(impl, causal):
     q_seqs = [rng.standard_normal((n, 4, 59)).astype(np.float32) for n in lens_q]
     k_seqs = [rng.standard_normal((n, 2, 59)).astype(np.float32) for n in lens_k]
     v_seqs = [rng.standard_normal((n, 2, 7)).astype(np.float32) for n in lens_k]
+    slopes = rng.uniform(0.1, 0.5, (5, 4)) if causal else None  # causal with ALiBi: both on each sequence's lengths
     (q, cu_q), (k, cu_k), (v, _) = pack(q_seqs), pack(k_seqs), pack(v_seqs)
-    out, lse = course_lib.attention_varlen(q, k, v, cu_q, cu_k, impl=impl, causal=causal,
+    out, lse = course_lib.attention_varlen(q, k, v, cu_q, cu_k, impl=impl, causal=causal, alibi_slopes=slopes,
                                            block_q=8, block_k=8, return_lse=True)
     assert out.shape == (q.shape[0], 4, 7) and lse.shape == (4, q.shape[0])
     for b, (qs, ks, vs, ob) in enumerate(zip(q_seqs, k_seqs, v_seqs, unpack(out, cu_q))):
         dense = [x.transpose(1, 0, 2)[None] for x in (qs, ks, vs)]
         checks.check_attention(ob.transpose(1, 0, 2)[None], *dense, causal=causal,
+                               alibi_slopes=None if slopes is None else slopes[b:b + 1],
                                lse=lse[None, :, cu_q[b]:cu_q[b + 1]], name=f"{impl} varlen sequence {b}")
 
 

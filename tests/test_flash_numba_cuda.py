@@ -59,7 +59,7 @@ def problem(nq, nk, h, hk, d, dv=None, seed=0, dtype=np.float32):
             rng.standard_normal((1, hk, nk, dv)).astype(dtype))
 
 
-def test_flash_numba_cuda_is_available_without_a_gpu_and_says_where_it_runs():
+def test_available_without_a_gpu_and_says_where_it_runs():
     assert "flash_numba_cuda" in course_lib.available_impls()
     assert fnc.where() == ("numba simulator" if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else
                            "gpu" if cuda.is_available() else "cudacheck")
@@ -89,7 +89,7 @@ def test_rows_that_see_no_key_give_zero_and_minus_inf_lse():
     assert np.isfinite(lse[:, :, :10]).all() and not np.isnan(out).any()
 
 
-def test_the_default_tile_sizes_and_a_head_dim_of_256_match_the_reference():
+def test_default_tiles_and_head_dim_256_match_the_reference():
     q, k, v = problem(9, 13, 2, 1, 256, dv=24)
     out, lse = course_lib.attention(q, k, v, impl="flash_numba_cuda", causal=True, return_lse=True)
     checks.check_attention(out, q, k, v, lse=lse, causal=True)
@@ -127,19 +127,19 @@ def test_dtypes_other_than_float32_are_refused_with_a_type_error(dtype):
         course_lib.attention(q, k, v, impl="flash_numba_cuda")
 
 
-def test_a_block_of_more_than_1024_threads_is_refused_naming_block_q():
+def test_more_than_1024_threads_are_refused_naming_block_q():
     q, k, v = problem(4, 4, 1, 1, 4)
     with pytest.raises(ValueError, match="block_q .*1024, got 2048"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda", block_q=2048)
 
 
-def test_tiles_that_overflow_shared_memory_are_refused_naming_block_k():
+def test_shared_memory_overflow_is_refused_naming_block_k():
     q, k, v = problem(4, 4, 1, 1, 128)
     with pytest.raises(ValueError, match=r"block_k=64 with head dims 128 \+ 128 needs 65536 bytes.*block_k <= 48"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda", block_k=64)
 
 
-def test_the_simulator_refuses_shapes_too_large_for_it_and_says_so():
+def test_the_simulator_refuses_too_large_shapes_and_says_so():
     q, k, v = problem(512, 512, 2, 2, 16)
     with pytest.raises(ValueError, match="takes only small problems.*shrink the shapes"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda")
@@ -155,7 +155,7 @@ def test_bad_input_is_caught_before_the_kernel_as_for_every_impl():
 
 # -- every launch without a GPU is checked --------------------------------------------------
 
-def test_the_kernel_passes_cudacheck_with_tails_gqa_and_a_causal_mask():
+def test_the_kernel_passes_cudacheck_with_tails_gqa_and_causal():
     from course_lib import cudacheck
     q, k, v = problem(13, 11, 4, 2, 5)
     got = {}

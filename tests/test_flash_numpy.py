@@ -82,7 +82,7 @@ def test_flash_matches_the_reference_on_random_problems(loop_order, problem):
 @pytest.mark.parametrize("loop_order", ["fa2", "fa1"])
 @pytest.mark.parametrize("block_q, block_k", [(1, 1), (1, 70), (3, 5), (7, 64), (64, 7), (16, 16),
                                                (33, 17), (64, 64), (100, 100), (None, None)])
-def test_every_tile_size_gives_the_reference_answer_tails_included(loop_order, block_q, block_k):
+def test_every_tile_size_with_tails_gives_the_reference_answer(loop_order, block_q, block_k):
     rng = np.random.default_rng(block_q or 0)
     q, k, v = make_qkv(rng, 2, 4, 2, 37, 53, 59, 13, np.float32)
     for options in (dict(), dict(causal=True), dict(window_size=(5, 2), alibi_slopes=rng.uniform(0, 1, 4))):
@@ -198,7 +198,7 @@ def test_empty_tiles_are_skipped_and_only_partial_tiles_masked(loop_order):
     assert (stats.computed, stats.skipped, stats.masked) == (49, 0, 0)
 
 
-def test_each_call_owns_its_stats_and_no_module_state_is_left_behind():
+def test_each_call_owns_its_stats_and_leaves_no_module_state():
     q = np.ones((1, 1, 10, 2))
     _, _, stats = flash_numpy.run_with_stats(q, q, q, block_q=4, block_k=5)
     assert stats.computed == 3 * 2
@@ -209,7 +209,7 @@ def test_each_call_owns_its_stats_and_no_module_state_is_left_behind():
 
 @pytest.mark.parametrize("loop_order", ["fa2", "fa1"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
-def test_the_counted_kernel_is_this_kernel_same_outputs_same_counts(loop_order, dtype):
+def test_the_counted_kernel_gives_the_same_outputs_and_counts(loop_order, dtype):
     rng = np.random.default_rng(11)
     q, k, v = make_qkv(rng, 2, 4, 2, 37, 29, 16, 8, dtype)
     options = dict(causal=True, softcap=5.0, alibi_slopes=rng.uniform(0, 0.5, 4), block_q=8, block_k=6)

@@ -63,14 +63,14 @@ def test_causal_at_equal_lengths_computes_about_half_the_tiles():
     assert counts.work_fraction == pytest.approx(136 / 256)
 
 
-def test_alignments_differ_in_which_tiles_run_when_nq_differs_from_nk():
+def test_alignments_run_different_tiles_when_nq_differs_from_nk():
     bottom = MaskSpec(16, 64, causal=True).tile_map(16, 16)
     top = MaskSpec(16, 64, causal=True, causal_align="top_left").tile_map(16, 16)
     assert list(bottom[0]) == [FULL, FULL, FULL, PARTIAL]
     assert list(top[0]) == [PARTIAL, EMPTY, EMPTY, EMPTY]
 
 
-def test_alibi_bias_is_minus_slope_times_distance_to_the_diagonal():
+def test_alibi_bias_is_minus_slope_times_the_diagonal_distance():
     mask = MaskSpec(2, 5)
     bias = mask.alibi_bias(0.5, [0, 1], range(5))
     assert np.array_equal(bias, -0.5 * np.array([[3, 2, 1, 0, 1], [4, 3, 2, 1, 0]]))

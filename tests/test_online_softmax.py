@@ -72,7 +72,7 @@ def test_safe_softmax_of_an_all_minus_inf_row_is_zero_not_nan():
 
 @SETTINGS
 @given(rows=st.integers(1, 6), cols=st.integers(0, 40), block=st.integers(1, 45), seed=st.integers(0, 2**16))
-def test_running_max_sum_gives_the_row_max_and_logsumexp_for_any_block(rows, cols, block, seed):
+def test_running_max_sum_gives_max_and_logsumexp_for_any_block(rows, cols, block, seed):
     s = scores(np.random.default_rng(seed), rows, cols)
     with np.errstate(all="raise", under="ignore"):  # no inf - inf, no 0/0 on the way
         m, l = osm.running_max_sum(s, block)
@@ -87,7 +87,7 @@ def test_running_max_sum_gives_the_row_max_and_logsumexp_for_any_block(rows, col
 @SETTINGS
 @given(rows=st.integers(1, 6), cols=st.integers(0, 40), dv=st.integers(1, 7), block=st.integers(1, 45),
        seed=st.integers(0, 2**16))
-def test_online_update_over_tiles_then_finalize_equals_softmax_times_v(rows, cols, dv, block, seed):
+def test_online_update_then_finalize_equals_softmax_times_v(rows, cols, dv, block, seed):
     rng = np.random.default_rng(seed)
     s, v = scores(rng, rows, cols), rng.standard_normal((cols, dv))
     m, l, o = osm.init_state(rows, dv)
@@ -100,7 +100,7 @@ def test_online_update_over_tiles_then_finalize_equals_softmax_times_v(rows, col
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-12, atol=1e-12)
 
 
-def test_online_update_without_rescaling_is_wrong_when_the_max_rises():
+def test_skipping_the_rescale_is_wrong_when_the_max_rises():
     """The rescale is not optional: drop alpha and a rising max breaks the answer."""
     s = np.array([[0.0, 1.0, 10.0, 11.0]])
     v = np.arange(8.0).reshape(4, 2)
@@ -112,7 +112,7 @@ def test_online_update_without_rescaling_is_wrong_when_the_max_rises():
     np.testing.assert_allclose(osm.finalize(m2, l2, o2)[0], direct_attention(s, v)[0])
 
 
-def test_online_update_rounds_p_to_the_low_precision_dtype_before_pv():
+def test_online_update_rounds_p_to_low_precision_before_pv():
     rng = np.random.default_rng(1)
     s, v = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
     m, l, o = osm.init_state(3, 4, np.float32)
@@ -122,7 +122,7 @@ def test_online_update_rounds_p_to_the_low_precision_dtype_before_pv():
     assert o1.dtype == np.float32
 
 
-def test_finalize_gives_zero_and_minus_inf_for_rows_that_saw_nothing():
+def test_finalize_gives_rows_that_saw_nothing_0_and_minus_inf():
     m, l, o = osm.init_state((2, 3), 4)
     out, lse = osm.finalize(m, l, o)
     assert np.array_equal(out, np.zeros((2, 3, 4))) and np.all(np.isneginf(lse))
@@ -133,7 +133,7 @@ def test_finalize_gives_zero_and_minus_inf_for_rows_that_saw_nothing():
 @SETTINGS
 @given(rows=st.integers(1, 5), cols=st.integers(0, 30), dv=st.integers(1, 5), parts=st.integers(2, 4),
        seed=st.integers(0, 2**16))
-def test_merging_partials_over_any_split_of_the_keys_gives_the_full_answer(rows, cols, dv, parts, seed):
+def test_merging_any_split_of_the_keys_gives_the_full_answer(rows, cols, dv, parts, seed):
     rng = np.random.default_rng(seed)
     s, v = scores(rng, rows, cols), rng.standard_normal((cols, dv))
     owner = rng.integers(parts, size=cols)  # any split, not just contiguous tiles
@@ -211,7 +211,7 @@ def test_merge_of_states_is_stable_for_huge_logits(big):
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-15)
 
 
-def test_merging_two_all_minus_inf_states_gives_an_empty_state_without_nan():
+def test_merging_two_empty_states_gives_an_empty_state_no_nan():
     empty = osm.init_state(3, 2)
     with np.errstate(all="raise", under="ignore"):
         m, l, o = osm.merge(*empty, *empty)

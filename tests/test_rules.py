@@ -1,6 +1,7 @@
 """The scalar rules every kernel shares (course_lib.core.rules): each one against
-its definition, the vectorised numpy forms held equal to them, and the same
-source compiled by numba giving the same answers."""
+its definition, the vectorised numpy forms held equal to them, the same source
+compiled by numba giving the same answers, and the precision rule read by every
+kernel, model and check (a change planted in it shows in each of them)."""
 import math
 
 import ml_dtypes
@@ -10,11 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import course_lib
+from course_lib import checks
 from course_lib.core import rules
 from course_lib.core.masks import MaskSpec, apply_softcap
 from course_lib.core.online_softmax import finalize, init_state, online_update
-from course_lib.core.reference import lse_dtype
+from course_lib.kernels import counted, flash_numpy
 from course_lib.kernels import flash_numba_cpu as compiled
+from course_lib.models import iomodel, memory, sram
 
 masks = st.builds(
     MaskSpec,
@@ -38,7 +42,7 @@ def test_maskspec_visible_equals_the_scalar_rule(mask):
 
 @settings(max_examples=120, deadline=None)
 @given(mask=masks, block_q=st.integers(1, 11), block_k=st.integers(1, 11))
-def test_tile_kind_is_empty_partial_or_full_exactly_as_its_elements_are(mask, block_q, block_k):
+def test_tile_kind_is_empty_partial_or_full_as_its_elements(mask, block_q, block_k):
     seen = scalar_visible(mask)
     left, right = mask.window
     for q0 in range(0, mask.seqlen_q, block_q):
@@ -70,7 +74,7 @@ def test_an_empty_range_is_an_empty_tile():
 
 @settings(max_examples=60, deadline=None)
 @given(mask=masks, slope=st.floats(0.01, 2.0))
-def test_maskspec_alibi_bias_is_minus_slope_times_the_scalar_distance(mask, slope):
+def test_maskspec_alibi_bias_is_minus_slope_times_distance(mask, slope):
     rows, cols = np.arange(mask.seqlen_q), np.arange(mask.seqlen_k)
     expected = np.array([[-slope * rules.alibi_distance(i, j, mask.offset) for j in cols] for i in rows])
     assert np.array_equal(mask.alibi_bias(slope, rows, cols), expected)
@@ -109,7 +113,7 @@ tile_rows = st.lists(st.lists(st.one_of(st.floats(-30, 30), st.just(-math.inf)),
 
 @settings(max_examples=150, deadline=None)
 @given(tiles=tile_rows, seed=st.integers(0, 1000))
-def test_the_scalar_online_step_equals_the_vectorised_online_update(tiles, seed):
+def test_the_scalar_online_step_equals_online_update(tiles, seed):
     rng = np.random.default_rng(seed)
     values = [rng.standard_normal((len(t), 3)) for t in tiles]
     lse, out = scalar_row(tiles, values)
@@ -121,7 +125,7 @@ def test_the_scalar_online_step_equals_the_vectorised_online_update(tiles, seed)
     assert lse == pytest.approx(lse_v[0], rel=1e-12, abs=1e-12) or (math.isinf(lse) and lse == lse_v[0])
 
 
-def test_a_row_that_sees_nothing_stays_minus_inf_zero_and_finalizes_to_zero_and_minus_inf():
+def test_a_row_seeing_nothing_finalizes_to_zero_and_minus_inf():
     lse, out = scalar_row([[-math.inf, -math.inf], [-math.inf]], [np.ones((2, 2)), np.ones((1, 2))])
     assert lse == -math.inf and np.array_equal(out, [0.0, 0.0])
     assert rules.rescale(-math.inf, -math.inf) == 0.0 and rules.shift_of(-math.inf) == 0.0
@@ -136,6 +140,22 @@ def test_a_nan_score_reaches_the_max_the_sum_and_the_lse():
     assert math.isnan(lse)  # never -inf: that would say "saw no key"
 
 
+row_states = st.one_of(
+    st.tuples(st.floats(-50, 50), st.floats(1.0, 1e4), st.floats(-10, 10)),  # saw keys: l >= 1 (the max's own p)
+    st.just((-math.inf, 0.0, 0.0)),                                          # saw nothing
+    st.just((math.nan, math.nan, math.nan)))                                 # saw a NaN score
+
+
+@settings(max_examples=100, deadline=None)
+@given(state=row_states)
+def test_numpy_finalize_is_the_scalar_finalize_on_arrays(state):
+    m, l, o = state
+    lse, inv_l = rules.finalize(m, l)
+    out_v, lse_v = finalize(np.array([m]), np.array([l]), np.array([[o]]))
+    assert lse_v[0] == pytest.approx(lse, rel=1e-15, nan_ok=True) or lse_v[0] == lse
+    assert out_v[0, 0] == pytest.approx(o * inv_l, rel=1e-15, nan_ok=True)
+
+
 def test_rescale_is_exp_of_the_max_growth():
     assert rules.rescale(1.0, 3.0) == pytest.approx(math.exp(-2.0))
     assert rules.rescale(2.0, 2.0) == 1.0
@@ -148,13 +168,93 @@ def test_rescale_is_exp_of_the_max_growth():
     (np.float16, np.float32, np.float16), (ml_dtypes.bfloat16, np.float32, ml_dtypes.bfloat16)])
 def test_dtype_rules(dtype, acc, p):
     assert rules.acc_dtype(dtype) == np.dtype(acc)
-    assert rules.lse_dtype(dtype) == lse_dtype(dtype)
-    assert (rules.p_round_dtype(dtype) is None) == (p is None)
+    assert rules.lse_dtype(dtype) is np.dtype(acc).type  # lse in the accumulation dtype
+    assert (rules.p_round_dtype(dtype) is None) == (p is None) == (not rules.is_low_precision(dtype))
     if p is not None:
         assert rules.p_round_dtype(dtype) == np.dtype(p)
 
 
-@pytest.mark.parametrize("name,dtype", [("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)])
+@pytest.mark.parametrize("dtype,name,size", [
+    (np.float64, "float64", 8), ("fp32", "float32", 4), (np.dtype(np.float16), "float16", 2), ("half", "float16", 2),
+    (ml_dtypes.bfloat16, "bfloat16", 2), ("bf16", "bfloat16", 2), ("fp8", "float8_e4m3fn", 1),
+    (ml_dtypes.float8_e5m2, "float8_e5m2", 1)])
+def test_a_dtype_by_type_or_short_name_has_one_name_and_itemsize(dtype, name, size):
+    assert rules.dtype_name(dtype) == name and rules.itemsize(dtype) == size
+    assert rules.acc_dtype(dtype) == (np.float64 if name == "float64" else np.float32)
+
+
+def test_itemsize_refuses_an_unknown_dtype_naming_the_known():
+    with pytest.raises(ValueError, match=r"dtype must be one of \['bfloat16'.*got 'int8'"):
+        rules.itemsize("int8")
+
+
+def _every_caller(q, k, v):
+    """(out, lse) of every impl and counted schedule for (q, k, v), causal, 8 x 8 tiles."""
+    options = dict(causal=True, block_q=8, block_k=8)
+    results = {impl: course_lib.attention(q, k, v, impl=impl, return_lse=True, **options)
+               for impl in ("reference", "naive", "flash_numpy", "flash_numba_cpu", "flash_numba_cuda")}
+    results["flash_numpy fa1"] = flash_numpy.attention_fa1(q, k, v, return_lse=True, **options)
+    for schedule in counted.SCHEDULES:
+        run = counted.run_counted(q, k, v, schedule=schedule, return_lse=True, **options)
+        results[f"counted {schedule}"] = run.out, run.lse
+    return results
+
+
+def _float32_problem():
+    rng = np.random.default_rng(6)
+    return (rng.standard_normal(shape).astype(np.float32) for shape in [(1, 2, 16, 32), (1, 1, 24, 32), (1, 1, 24, 8)])
+
+
+def test_a_planted_lse_dtype_is_what_every_impl_returns(monkeypatch):
+    q, k, v = _float32_problem()
+    monkeypatch.setattr(rules, "lse_dtype", lambda dtype: np.float64)
+    for name, (out, lse) in _every_caller(q, k, v).items():
+        assert out.dtype == np.float32 and lse.dtype == np.float64, name
+    empty = course_lib.attention(q[:0], k[:0], v[:0], return_lse=True)[1]
+    assert empty.dtype == np.float64
+
+
+def test_a_planted_accumulator_reaches_kernels_models_and_checks(monkeypatch):
+    q, k, v = _float32_problem()
+    expected = course_lib.attention(*(x.astype(np.float64) for x in (q, k, v)), causal=True)
+    before = _every_caller(q, k, v)
+    budget, io = sram.tile_budget(64, 64, 64, "float32"), iomodel.attention_io("fa1", 256, 256, 64, "float32")
+    bound = checks.attention_tolerance(q, k, v, expected, causal=True)[0]
+    monkeypatch.setattr(rules, "acc_dtype", lambda dtype: np.dtype(np.float64))
+    after = _every_caller(q, k, v)
+    for name, (out, lse) in after.items():
+        assert out.dtype == np.float32 and lse.dtype == np.float64, name  # lse follows the accumulator
+        if name not in ("reference", "flash_numba_cuda"):  # float64 throughout; float32 only, by design
+            assert not np.array_equal(out, before[name][0]), f"{name} did not accumulate in float64"
+    assert sram.tile_budget(64, 64, 64, "float32").register_bytes > budget.register_bytes
+    assert iomodel.attention_io("fa1", 256, 256, 64, "float32").bytes > io.bytes  # FA1's O, l, m scratch
+    assert checks.attention_tolerance(q, k, v, expected, causal=True)[0] != bound  # naive, the baseline, too
+
+
+def test_a_planted_p_rounding_reaches_the_tiled_kernels_and_sram(monkeypatch):
+    q, k, v = _float32_problem()
+    before = _every_caller(q, k, v)
+    assert "P in float32" not in [item.name for item in sram.tile_budget(64, 64, 64, "float32").items]
+    monkeypatch.setattr(rules, "p_round_dtype", lambda dtype: np.dtype(np.float16))
+    after = _every_caller(q, k, v)
+    # the reference is exact; counted naive stores S and P in the input dtype; the CUDA kernel is float32 only
+    unrounded = ("reference", "counted naive", "flash_numba_cuda")
+    for name, (out, _) in after.items():
+        assert np.array_equal(out, before[name][0]) == (name in unrounded), name
+    assert "P in float32" in [item.name for item in sram.tile_budget(64, 64, 64, "float32").items]
+
+
+def test_a_planted_itemsize_reaches_every_model(monkeypatch):
+    monkeypatch.setattr(rules, "itemsize", lambda dtype: 3)
+    assert memory.score_bytes(1, 2, 5, 7, "float16") == 2 * 5 * 7 * 3
+    assert memory.qkvo_bytes(1, 1, 5, 4, "float16") == 4 * 5 * 4 * 3
+    assert sram.tile_budget(16, 8, 4, "float16").shared_bytes == (16 + 8 + 8) * 4 * 3
+    assert iomodel.matmul_io(2, 3, 4, "float16").bytes == (2 * 4 + 4 * 3 + 2 * 3) * 3
+
+
+@pytest.mark.parametrize("name,dtype", [("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16),
+                                        ("float8_e4m3fn", ml_dtypes.float8_e4m3fn),
+                                        ("float8_e5m2", ml_dtypes.float8_e5m2)])
 def test_round_to_bits_is_a_cast_to_the_low_precision_dtype(name, dtype):
     rng = np.random.default_rng(3)
     # P's values: 0..1, down into the subnormals, and the halfway cases

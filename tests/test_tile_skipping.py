@@ -86,7 +86,7 @@ def test_causal_at_equal_lengths_computes_about_half_the_tiles(n, block):
     assert 0.5 <= causal.computed / full.computed <= 0.5 + 1 / tiles
 
 
-def test_skipped_tiles_are_not_loaded_so_causal_moves_fewer_bytes():
+def test_skipped_tiles_are_not_loaded_so_causal_moves_less():
     full, _ = run_with_stats("fa2", 128, 128, 16, 16, {})
     causal, _ = run_with_stats("fa2", 128, 128, 16, 16, dict(causal=True))
     assert causal.hbm_read < full.hbm_read

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .rules import dtype_name
+
 DATASHEET, PAPER, MEASURED, ILLUSTRATIVE = "datasheet", "paper", "measured", "illustrative"
 KINDS = (DATASHEET, PAPER, MEASURED, ILLUSTRATIVE)
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
@@ -134,13 +136,6 @@ class Hardware:
                 out[name] = getattr(self, name)
         out.update({f"measured {k}": v for k, v in self.measured.items()})
         return out
-
-
-def dtype_name(dtype) -> str:
-    if isinstance(dtype, str):
-        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64", "tf32": "tfloat32",
-                "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn"}.get(dtype, dtype)
-    return np.dtype(dtype).name
 
 
 # -- the presets ------------------------------------------------------------------

@@ -96,17 +96,29 @@ def online_update(m, l, o, s_block, v_block, p_dtype=None):
     return m_new, l_new, o_new, p
 
 
+def finalize_out(l, o):
+    """out = O / l: the normalised output; 0 for a row that saw no key (l == 0)."""
+    return o / np.where(l > 0, l, 1)[..., None]
+
+
+def finalize_lse(m, l):
+    """lse = m + log l, in l's dtype; -inf for a row that saw no key (l == 0)."""
+    seen = l > 0
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, safe_max(m) + np.log(np.where(seen, l, 1)), -np.inf)
+    return lse.astype(np.result_type(l), copy=False)
+
+
 def finalize(m, l, o):
     """(out, lse) from the running state: out = O / l, lse = m + log l.
 
-    A row that saw no key (l == 0) gives out = 0 and lse = -inf; a row whose
-    output is NaN gets lse = NaN (``reference.nan_lse_where_out_is_nan``).
+    ``rules.finalize`` on arrays, held equal to it by tests: a row that saw no
+    key (l == 0) gives out = 0 and lse = -inf; a row whose output is NaN gets
+    lse = NaN (``reference.nan_lse_where_out_is_nan``).  A kernel that needs
+    only one half (FA1 divides by l after every step) calls that half.
     """
-    seen = l > 0
-    out = o / np.where(seen, l, 1)[..., None]
-    with np.errstate(divide="ignore"):
-        lse = np.where(seen, safe_max(m) + np.log(np.where(seen, l, 1)), -np.inf)
-    return out, nan_lse_where_out_is_nan(out, lse.astype(np.result_type(l), copy=False))
+    out = finalize_out(l, o)
+    return out, nan_lse_where_out_is_nan(out, finalize_lse(m, l))
 
 
 def to_state(out, lse):

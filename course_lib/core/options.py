@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import ml_dtypes
 import numpy as np
 
+from . import rules
 from .masks import ALIGNMENTS, MaskSpec
-from .reference import lse_dtype
 
 FLOAT_DTYPES = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
                 np.dtype(np.float32), np.dtype(np.float64)}
@@ -127,7 +127,7 @@ def _run(forward, q, k, v, opts):
     if batch * heads * seqlen_q * head_dim_v == 0 or seqlen_k == 0:
         # Nothing to compute, or no key to see: every row is fully masked.
         out = np.zeros((batch, heads, seqlen_q, head_dim_v), dtype=q.dtype)
-        lse = np.full((batch, heads, seqlen_q), -np.inf, dtype=lse_dtype(q.dtype))
+        lse = np.full((batch, heads, seqlen_q), -np.inf, dtype=rules.lse_dtype(q.dtype))
         return out, lse
     return forward(q, k, v, opts, opts.mask(seqlen_q, seqlen_k))
 
@@ -198,7 +198,7 @@ def call_forward_varlen(forward, q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_
     batch = cq.size - 1
     opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
     out = np.zeros((total_q, heads, v.shape[2]), dtype=q.dtype)
-    lse = np.full((heads, total_q), -np.inf, dtype=lse_dtype(q.dtype))
+    lse = np.full((heads, total_q), -np.inf, dtype=rules.lse_dtype(q.dtype))
     for b in range(batch):
         rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
         # (n, H, D) -> (1, H, n, D): one sequence as a dense batch of one

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import rules
 from .masks import MaskSpec, apply_softcap
-
-LOW_PRECISION = ("float16", "bfloat16")
 
 
 def kv_head_index(heads: int, heads_k: int) -> np.ndarray:
@@ -100,11 +99,7 @@ def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, roun
     return out, nan_lse_where_out_is_nan(out, lse)
 
 
-def lse_dtype(dtype) -> type:
-    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
-
-
 def attention_forward(q, k, v, opts, mask: MaskSpec):
     """impl ``reference``: float64 throughout, result cast to the input dtype."""
     out, lse = attention_math(q, k, v, opts, mask, np.float64)
-    return out.astype(q.dtype), lse.astype(lse_dtype(q.dtype))
+    return out.astype(q.dtype), lse.astype(rules.lse_dtype(q.dtype))

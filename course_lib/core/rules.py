@@ -6,7 +6,10 @@ property tests call it directly), compiles with ``numba.njit`` (chapter 08's
 CPU kernel) and with ``numba.cuda.jit(device=True)`` (chapter 09's GPU kernel).
 No rule calls another rule: a compiler sees each one on its own, and a kernel
 composes them.  The vectorised forms (``MaskSpec``, ``online_softmax``) are
-built on these or held equal to them by property tests.
+built on these or held equal to them by property tests.  The precision rule
+at the end (which dtype S, m, l, O and lse are kept in, when P is rounded,
+the bytes of a dtype) is a set of host-side functions of a dtype, which every
+kernel, model and check asks.
 
 Positions.  Query ``i`` stands at key position ``i + offset``: ``offset`` is
 ``Nk - Nq`` for FlashAttention's bottom-right alignment, 0 for PyTorch's
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes  # noqa: F401  (bfloat16 and the float8 types, by name too)
 import numpy as np
 
 UNBOUNDED = -1  # a window side without a limit
@@ -127,7 +131,8 @@ def finalize(m, l):
     """(lse, 1 / l) at the end of a row: lse = m + log l, out = O / l.
 
     A row that saw no key (l == 0) gives lse = -inf and scale 0 (out = 0); a
-    NaN in l (a NaN score) gives lse = NaN, never -inf.
+    NaN in l (a NaN score) gives lse = NaN, never -inf.  The numpy kernels
+    run the same rule on arrays: ``online_softmax.finalize``.
     """
     if l == 0.0:
         return -math.inf, 0.0
@@ -135,31 +140,60 @@ def finalize(m, l):
 
 
 # -- precision ----------------------------------------------------------------------------
+#
+# The one precision rule of every kernel, model and check, as functions of the
+# input dtype (a numpy dtype, a type, or a name such as "bf16").  Inputs and the
+# output are in the input dtype.  S, the row statistics m and l, and the O
+# accumulator are in ``acc_dtype``: float64 for float64 inputs, float32 for
+# everything else.  At low precision P is rounded to the input dtype before
+# P V (``p_round_dtype``), as a GPU's matrix unit takes its operands in that
+# dtype.  lse is returned in ``lse_dtype``, the accumulation dtype.
 
-LOW_PRECISION = ("float16", "bfloat16")
+# Bytes per element of each float dtype the course names: the kernels take the
+# first four (``core.options`` checks), the models also count float8 tiles.
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+# Short names a learner may write for a dtype, and the name each stands for.
+DTYPE_ALIASES = {"fp64": "float64", "fp32": "float32", "tf32": "tfloat32", "fp16": "float16", "half": "float16",
+                 "bf16": "bfloat16", "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn"}
+LOW_PRECISION = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 # Significant bits and the smallest exponent of a quantum (subnormals) of
 # each low-precision format, for ``round_to_bits``.
-ROUNDING = {"float16": (11, -24), "bfloat16": (8, -133)}
+ROUNDING = {"float16": (11, -24), "bfloat16": (8, -133), "float8_e4m3fn": (4, -9), "float8_e5m2": (3, -16)}
+
+
+def dtype_name(dtype) -> str:
+    """The canonical name of a dtype: "float16", "bfloat16", "float8_e4m3fn", ... ("bf16" -> "bfloat16")."""
+    if isinstance(dtype, str):
+        return DTYPE_ALIASES.get(dtype, dtype)
+    return np.dtype(dtype).name
+
+
+def itemsize(dtype) -> int:
+    """Bytes per element of a float dtype (names, numpy and ml_dtypes types)."""
+    name = dtype_name(dtype)
+    if name not in ITEMSIZE:
+        raise ValueError(f"dtype must be one of {sorted(ITEMSIZE)}, got {dtype!r}")
+    return ITEMSIZE[name]
+
+
+def is_low_precision(dtype) -> bool:
+    """float16, bfloat16 or a float8: a dtype the matrix units multiply, accumulating in float32."""
+    return dtype_name(dtype) in LOW_PRECISION
 
 
 def acc_dtype(dtype) -> np.dtype:
-    """The dtype a kernel accumulates Q K^T, the row sums and P V in:
-    float64 for float64 inputs, float32 for everything else."""
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
-
-
-def lse_dtype(dtype) -> type:
-    """lse is returned in the accumulation dtype."""
-    return acc_dtype(dtype).type
+    """The dtype S, m, l and the O accumulator are kept in: float64 for float64 inputs, float32 otherwise."""
+    return np.dtype(np.float64) if dtype_name(dtype) == "float64" else np.dtype(np.float32)
 
 
 def p_round_dtype(dtype):
-    """Where low precision rounds inside the tiled kernels: P, before P V, to
-    the input dtype (a GPU's matrix unit takes its operands in that dtype);
-    None for float32 / float64.  Inputs and the output are in the input dtype;
-    S, the row statistics and the O accumulator stay in ``acc_dtype``."""
-    dtype = np.dtype(dtype)
-    return dtype if dtype.name in LOW_PRECISION else None
+    """The dtype P is rounded to before P V: the input dtype at low precision, None for float32 / float64."""
+    return np.dtype(dtype_name(dtype)) if is_low_precision(dtype) else None
+
+
+def lse_dtype(dtype) -> type:
+    """The dtype lse is returned in: the accumulation dtype."""
+    return acc_dtype(dtype).type
 
 
 def round_to_bits(x, bits, min_exponent):

@@ -27,11 +27,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..core import rules
 from ..core.masks import EMPTY, FULL, tile_ranges
-from ..core.online_softmax import finalize, init_state, online_update
+from ..core.online_softmax import finalize, finalize_lse, init_state, online_update
 from ..core.options import call_forward
-from ..core.reference import lse_dtype, nan_lse_where_out_is_nan, safe_max, tile_scores
-from .flash_numpy import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, LOOPS, Memory, TileStats, buffer_names, precision
+from ..core.reference import nan_lse_where_out_is_nan, safe_max, tile_scores
+from .flash_numpy import LOOPS, Memory, TileStats, buffer_names
+from .launch import DEFAULT_TILES, tile_sizes
 
 SCHEDULES = ("naive", "two_pass", "fa1", "fa2")
 
@@ -172,10 +174,10 @@ def _two_pass(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True, re
     """For each query tile: pass 1 finds the row max m, pass 2 sums l and P V with m final (no rescaling)."""
     B, H, Nq, D = q.shape
     Dv = v.shape[3]
-    acc_dtype, p_dtype = precision(q.dtype)
+    acc_dtype, p_dtype = rules.acc_dtype(q.dtype), rules.p_round_dtype(q.dtype)
     P_LOW, O_LOW = buffer_names(q.dtype)
     O = np.zeros((B, H, Nq, Dv), dtype=q.dtype)
-    L = np.full((B, H, Nq), -np.inf, dtype=lse_dtype(q.dtype))
+    L = np.full((B, H, Nq), -np.inf, dtype=rules.lse_dtype(q.dtype))
     for r0, r1 in tile_ranges(Nq, Br):
         Qi = mem.hold("Q tile", mem.load("Q", q, np.s_[:, :, r0:r1]))
         m, l, Oi = init_state((B, H, r1 - r0), Dv, acc_dtype)
@@ -218,14 +220,13 @@ def _naive(q, k, v, opts, mask, mem, stats, softmax_passes=1, return_lse=True):
     """S to HBM, the softmax in ``softmax_passes`` passes over it, P to HBM, O = P V."""
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
-    acc_dtype, _ = precision(q.dtype)
-    stat = lse_dtype(q.dtype)
+    acc_dtype = rules.acc_dtype(q.dtype)
     every = np.s_[:, :, :]
     S = np.empty((B, H, Nq, Nk), q.dtype)  # in HBM, in the input dtype, as a framework stores it
     P = np.empty((B, H, Nq, Nk), q.dtype)
-    m_hbm, l_hbm = np.empty((B, H, Nq), stat), np.empty((B, H, Nq), stat)
+    m_hbm, l_hbm = np.empty((B, H, Nq), acc_dtype), np.empty((B, H, Nq), acc_dtype)
     O = np.empty((B, H, Nq, Dv), q.dtype)
-    L = np.full((B, H, Nq), -np.inf, stat)
+    L = np.full((B, H, Nq), -np.inf, rules.lse_dtype(q.dtype))
     Q, K = mem.load("Q", q, every), mem.load("K", k, every)
     mem.store("S", S, every, tile_scores(Q, K, opts, mask, np.arange(Nq), np.arange(Nk), acc_dtype,
                                          masked=not mask.is_trivial))
@@ -251,20 +252,19 @@ def _naive(q, k, v, opts, mask, mem, stats, softmax_passes=1, return_lse=True):
     out = mem.load("P", P, every).astype(acc_dtype) @ mem.load("V", v, every).astype(acc_dtype)
     mem.store("O", O, every, out)
     if return_lse:
-        with np.errstate(divide="ignore"):
-            lse = np.where(l > 0, safe_max(m) + np.log(np.where(l > 0, l, 1)), -np.inf)
-        mem.store("lse", L, every, nan_lse_where_out_is_nan(out, lse))
+        mem.store("lse", L, every, nan_lse_where_out_is_nan(out, finalize_lse(m, l)))
     return O, L
 
 
-def run_counted(q, k, v, *, schedule: str = "fa2", block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+def run_counted(q, k, v, *, schedule: str = "fa2", block_q: int | None = None, block_k: int | None = None,
                 skip_empty_tiles: bool = True, softmax_passes: int = 1, return_lse: bool = False,
                 sram_capacity: int | None = None, **options) -> Counted:
     """Run ``schedule`` on real inputs, counting every HBM byte and the SRAM peak.
 
     q: (B, H, Nq, D), k / v: (B, Hk, Nk, D / Dv), and ``options`` as for
-    ``course_lib.attention`` (validated the same way).  Returns a ``Counted``
-    whose ``traffic`` equals ``iomodel.attention_io`` with the same arguments,
+    ``course_lib.attention`` (validated the same way); the tiles are
+    ``block_q`` x ``block_k``, by default flash_numpy's (``launch.DEFAULT_TILES``).
+    Returns a ``Counted`` whose ``traffic`` equals ``iomodel.attention_io`` with the same arguments,
     whose ``out`` (and ``lse``) match the reference, and whose ``sram_peak``
     equals ``sram.tile_budget(block_q, block_k, D, dtype).total_bytes`` for the
     tiled schedules once a full tile fits the shape.  ``sram_capacity`` makes
@@ -283,8 +283,9 @@ def run_counted(q, k, v, *, schedule: str = "fa2", block_q: int = DEFAULT_BLOCK_
     def forward(q, k, v, opts, mask):
         batch, heads, nq, _ = q.shape
         group = heads // k.shape[1]
+        Br, Bc = tile_sizes(opts, *DEFAULT_TILES["flash_numpy"])
         out = np.zeros((batch, heads, nq, v.shape[3]), q.dtype)
-        lse = np.full((batch, heads, nq), -np.inf, lse_dtype(q.dtype))
+        lse = np.full((batch, heads, nq), -np.inf, rules.lse_dtype(q.dtype))
         for b in range(batch):  # one (batch, head) at a time: one thread block's view of the chip
             for h in range(heads):
                 one = np.s_[b:b + 1, h:h + 1]
@@ -294,8 +295,8 @@ def run_counted(q, k, v, *, schedule: str = "fa2", block_q: int = DEFAULT_BLOCK_
                     o, l = _naive(q[one], k[kv], v[kv], head_opts, mask, chip, stats, softmax_passes, return_lse)
                 else:
                     loop = _two_pass if schedule == "two_pass" else LOOPS[schedule]
-                    o, l = loop(q[one], k[kv], v[kv], head_opts, mask, opts.block_q, opts.block_k, chip, stats,
-                                skip_empty_tiles, return_lse)
+                    o, l = loop(q[one], k[kv], v[kv], head_opts, mask, Br, Bc, chip, stats, skip_empty_tiles,
+                                return_lse)
                 out[one], lse[one] = o, l
         return out, lse
 

@@ -46,8 +46,6 @@ from ..core import rules
 from ..core.reference import nan_lse_where_out_is_nan
 from . import launch as host
 
-DEFAULT_BLOCK_Q = 64
-DEFAULT_BLOCK_K = 64
 # What fastmath may do here (see the module docstring): no 'nnan', no 'ninf'.
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 # exp_row's constants: ln 2 split in two (Cody and Waite), and exp(r) on
@@ -255,7 +253,7 @@ def run_kernel(launch, q, k, v):
 
 def flash_forward(q, k, v, opts, mask):
     """The compiled forward for validated dense inputs: (out in q's dtype, lse)."""
-    out, lse = run_kernel(*host.prepare(q, k, v, opts, mask, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K))
+    out, lse = run_kernel(*host.prepare(q, k, v, opts, mask, *host.DEFAULT_TILES["flash_numba_cpu"]))
     # The NaN rule, on the host like every impl: a NaN in V reaches rows that
     # cannot see its key through 0 * NaN, and such a row must not report an lse
     # that looks healthy.

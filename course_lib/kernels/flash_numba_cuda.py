@@ -52,11 +52,8 @@ from ..core import rules
 from ..core.reference import nan_lse_where_out_is_nan
 from . import launch as host
 
-# Br: threads per block, one per query row; Bc: keys per shared-memory tile.
-# Chosen from a sweep on the H200 (records/gpu_attention.jsonl, "gpu_attention_blocks").
-DEFAULT_BLOCK_Q = 128
-DEFAULT_BLOCK_K = 64
-SIM_BLOCK_Q = 32              # Br in the simulators, where every idle thread costs a Python thread
+# Br: threads per block, one per query row; Bc: keys per shared-memory tile (their
+# defaults, on a GPU and in the simulators: launch.DEFAULT_TILES).
 MAX_THREADS = 1024            # per block, on every CUDA GPU
 SHARED_BYTES = 48 * 1024      # static shared memory a block may use
 # The simulators run one Python thread per CUDA thread: B * H * Nq * Nk * (D + Dv)
@@ -205,12 +202,13 @@ def _check_launch(q, v, Br, Bc):
                          f"more than the {SHARED_BYTES} a block may use; use block_k <= {fit}")
 
 
-def default_block_k(D: int, Dv: int) -> int:
-    """Bc: 64 keys per tile, halved until Kj and Vj fit in shared memory (32 at D = 128, 16 at 256)."""
-    Bc = DEFAULT_BLOCK_K
+def default_tile(D: int, Dv: int) -> tuple:
+    """(Br, Bc) when the call gives none: ``launch.DEFAULT_TILES``' for a GPU or a simulator, with
+    Bc halved until Kj and Vj fit in shared memory (64 keys: 32 at D = 128, 16 at 256)."""
+    Br, Bc = host.DEFAULT_TILES["flash_numba_cuda" if on_gpu() else "flash_numba_cuda in a simulator"]
     while Bc > 1 and Bc * (D + Dv) * 4 > SHARED_BYTES:
         Bc //= 2
-    return Bc
+    return Br, Bc
 
 
 @dataclass(frozen=True)
@@ -235,9 +233,7 @@ def plan(q, k, v, opts, mask, exp2: bool = False) -> Plan:
                         f"convert them with .astype(np.float32), or use impl='flash_numba_cpu'")
     B, H, Nq, D = q.shape
     Dv = v.shape[3]
-    Br = DEFAULT_BLOCK_Q if on_gpu() else SIM_BLOCK_Q
-    launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, Br,
-                          opts.block_k or default_block_k(D, Dv))[0]
+    launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, *default_tile(D, Dv))[0]
     _check_launch(q, v, launch.Br, launch.Bc)
     unit = rules.LOG2E if exp2 else 1.0
     args = (launch.tiles, launch.kv_head, np.float32(launch.softmax_scale * unit),
@@ -275,7 +271,7 @@ def flash_forward(q, k, v, opts, mask):
     # The NaN rule, on the host like every impl: a NaN in V reaches rows that
     # cannot see its key through 0 * NaN, and such a row must not report an
     # lse that looks healthy.
-    return out, nan_lse_where_out_is_nan(out, lse)
+    return out, nan_lse_where_out_is_nan(out, lse).astype(rules.lse_dtype(q.dtype), copy=False)
 
 
 attention_forward = flash_forward

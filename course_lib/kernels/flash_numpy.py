@@ -36,10 +36,12 @@ tile holds on chip ("SRAM"), goes through a ``Memory``.  The default one
 (``Memory``) counts bytes per tensor into the ``TileStats`` of the call; the
 counted kernel passes one that also tracks the on-chip peak.
 
-Precision (``precision``): tiles are loaded in the input dtype; Q K^T and P V
-accumulate in ``acc_dtype`` (float32, float64 for float64 input); at float16 /
-bfloat16 P is rounded to the input dtype before P V, as a GPU kernel feeds its
-matrix unit; the output is rounded to the input dtype when it is stored.
+Precision is ``core.rules``': tiles are loaded in the input dtype; Q K^T and
+P V accumulate in ``rules.acc_dtype`` (float32, float64 for float64 input); at
+float16 / bfloat16 P is rounded to the input dtype before P V
+(``rules.p_round_dtype``), as a GPU kernel feeds its matrix unit; the output is
+rounded to the input dtype when it is stored, lse is ``rules.lse_dtype``.
+Tiles are Br x Bc = ``block_q`` x ``block_k``, or ``launch.DEFAULT_TILES``'s.
 """
 from __future__ import annotations
 
@@ -49,24 +51,14 @@ from functools import partial
 
 import numpy as np
 
-from ..core.options import call_forward
+from ..core import rules
 from ..core.masks import EMPTY, FULL, PARTIAL, MaskSpec, tile_ranges
-from ..core.online_softmax import finalize, init_state, online_update
-from ..core.reference import LOW_PRECISION, kv_head_index, lse_dtype, nan_lse_where_out_is_nan, safe_max, tile_scores
+from ..core.online_softmax import finalize, finalize_lse, finalize_out, init_state, online_update
+from ..core.options import call_forward
+from ..core.reference import kv_head_index, nan_lse_where_out_is_nan, tile_scores
+from .launch import DEFAULT_TILES, tile_sizes
 
-# The tile sizes every tiled schedule of the course uses when none is given:
-# flash_numpy, the counted kernel and the IO model read them from here.
-DEFAULT_BLOCK_Q = 64
-DEFAULT_BLOCK_K = 64
 LOOP_ORDERS = ("fa2", "fa1")
-
-
-def precision(dtype):
-    """(acc_dtype, the dtype P is rounded to before P V or None): the dtype rules of the tiled forward."""
-    dtype = np.dtype(dtype)
-    if dtype.name in LOW_PRECISION:
-        return np.dtype(np.float32), dtype
-    return dtype, None
 
 
 def buffer_names(dtype) -> tuple:
@@ -164,11 +156,11 @@ def _visit(mask, r0, r1, c0, c1, skip_empty_tiles):
 def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True, return_lse=True):
     B, H, Nq, _ = q.shape
     Dv = v.shape[3]
-    acc_dtype, p_dtype = precision(q.dtype)
+    acc_dtype, p_dtype = rules.acc_dtype(q.dtype), rules.p_round_dtype(q.dtype)
     P_LOW, O_LOW = buffer_names(q.dtype)
     kv = kv_head_index(H, k.shape[1])  # the K/V head each query head reads (GQA / MQA)
     O = np.zeros((B, H, Nq, Dv), dtype=q.dtype)
-    L = np.full((B, H, Nq), -np.inf, dtype=lse_dtype(q.dtype))
+    L = np.full((B, H, Nq), -np.inf, dtype=rules.lse_dtype(q.dtype))
     for r0, r1 in tile_ranges(Nq, Br):                               # outer: the Tr query tiles
         Qi = mem.hold("Q tile", mem.load("Q", q, np.s_[:, :, r0:r1]))  # (B, H, Br, D)
         m, l, Oi = init_state((B, H, r1 - r0), Dv, acc_dtype)       # on chip for the whole inner loop
@@ -199,7 +191,7 @@ def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
 def _forward_fa1(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True, return_lse=True):
     B, H, Nq, _ = q.shape
     Dv = v.shape[3]
-    acc_dtype, p_dtype = precision(q.dtype)
+    acc_dtype, p_dtype = rules.acc_dtype(q.dtype), rules.p_round_dtype(q.dtype)
     P_LOW, O_LOW = buffer_names(q.dtype)
     kv = kv_head_index(H, k.shape[1])
     row_tiles, col_tiles = tile_ranges(Nq, Br), tile_ranges(mask.seqlen_k, Bc)
@@ -233,7 +225,7 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
             # O is kept normalised in HBM (the paper's form): undo the old 1/l, fold the tile in
             # with chapter 04's update, divide by the new l
             m_new, l_new, numer, _ = online_update(mi, li, li[..., None] * Oi, Sij, Vj, p_dtype)
-            mem.store("O", O, rows, numer / np.where(l_new > 0, l_new, 1)[..., None])
+            mem.store("O", O, rows, finalize_out(l_new, numer))
             mem.store("l", l, rows, l_new)
             mem.store("m", m, rows, m_new)
             _count_tile(stats, Qi, Kj, Vj, kind)
@@ -241,7 +233,7 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
         mem.free("K tile", "V tile")
     # a last pass per query tile: lse = m + log l, and (low precision) O converted to the output dtype
     out = O if p_dtype is None else np.zeros((B, H, Nq, Dv), dtype=q.dtype)
-    L = np.full((B, H, Nq), -np.inf, dtype=lse_dtype(q.dtype))
+    L = np.full((B, H, Nq), -np.inf, dtype=rules.lse_dtype(q.dtype))
     for r0, r1 in row_tiles:
         rows = np.s_[:, :, r0:r1]
         if p_dtype is not None:
@@ -249,9 +241,8 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
             mem.store("O", out, rows, mem.hold(O_LOW, Oi.astype(q.dtype)))
         if return_lse:
             mi, li = mem.hold("m (row max)", mem.load("m", m, rows)), mem.hold("l (row sum)", mem.load("l", l, rows))
-            with np.errstate(divide="ignore"):
-                lse = np.where(li > 0, safe_max(mi) + np.log(np.where(li > 0, li, 1)), -np.inf)
-            mem.store("lse", L, rows, nan_lse_where_out_is_nan(O[rows], lse))  # the flag, not a load
+            lse = nan_lse_where_out_is_nan(O[rows], finalize_lse(mi, li))  # O[rows]: the flag, not a load
+            mem.store("lse", L, rows, lse)
         mem.free("O accumulator", O_LOW, "m (row max)", "l (row sum)")
     return out.astype(q.dtype, copy=False), L
 
@@ -269,8 +260,7 @@ def flash_forward(q, k, v, opts, mask: MaskSpec, loop_order="fa2", stats: TileSt
     """
     if loop_order not in LOOP_ORDERS:
         raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {loop_order!r}")
-    Br = opts.block_q or DEFAULT_BLOCK_Q
-    Bc = opts.block_k or DEFAULT_BLOCK_K
+    Br, Bc = tile_sizes(opts, *DEFAULT_TILES["flash_numpy"])
     stats = TileStats() if stats is None else stats
     mem = Memory(stats) if mem is None else mem
     return LOOPS[loop_order](q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles, return_lse)

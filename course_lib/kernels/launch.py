@@ -4,7 +4,9 @@ A compiled kernel gets plain arrays and plain numbers: no ``MaskSpec``, no
 options object.  ``prepare`` turns a validated call into those, once, on the
 host, the same way for the CPU kernel (``flash_numba_cpu``) and the GPU one:
 
-- the tile sizes Br x Bc and the tile plan, a (Tr, Tc) int8 array of
+- the tile sizes Br x Bc (the call's ``block_q`` / ``block_k``, else the
+  impl's default in ``DEFAULT_TILES``, applied by ``tile_sizes`` for every
+  tiled impl, the numpy ones too) and the tile plan, a (Tr, Tc) int8 array of
   ``rules.EMPTY / PARTIAL / FULL``: which tiles to skip and which need the
   elementwise mask is decided here, not in the kernel;
 - the mask as numbers (diagonal offset, window sides with causal folded in),
@@ -23,6 +25,19 @@ import numpy as np
 
 from ..core import rules
 from ..core.reference import kv_head_index
+
+# The tile (block_q, block_k) = (Br, Bc) each tiled impl runs when a call gives none.
+DEFAULT_TILES = {
+    "flash_numpy": (64, 64),                 # and the counted kernel, which runs its loops
+    "flash_numba_cpu": (64, 64),
+    # Br threads per block, one per query row; Bc keys per shared-memory tile, halved
+    # while Kj and Vj overflow it.  From a sweep on the H200 (records/gpu_attention.jsonl,
+    # "gpu_attention_blocks").
+    "flash_numba_cuda": (128, 64),
+    "flash_numba_cuda in a simulator": (32, 64),  # every idle thread costs a Python thread there
+}
+# The course's tile where no impl is named (the IO model's default, the checks' reports).
+DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = DEFAULT_TILES["flash_numpy"]
 
 
 @dataclass(frozen=True)
@@ -49,10 +64,16 @@ class Launch:
         return int(np.count_nonzero(self.tiles != rules.EMPTY))
 
 
+def tile_sizes(opts, default_block_q: int, default_block_k: int) -> tuple:
+    """(Br, Bc) of one call: its ``block_q`` / ``block_k``, and where one is None the default given."""
+    return opts.block_q or default_block_q, opts.block_k or default_block_k
+
+
 def prepare(q, k, v, opts, mask, default_block_q: int, default_block_k: int):
-    """(Launch, q, k, v) for validated dense inputs: the arrays C-contiguous in the accumulation dtype."""
-    Br = opts.block_q or default_block_q
-    Bc = opts.block_k or default_block_k
+    """(Launch, q, k, v) for validated dense inputs: the arrays C-contiguous in the accumulation dtype.
+
+    The tiles are ``tile_sizes(opts, default_block_q, default_block_k)``."""
+    Br, Bc = tile_sizes(opts, default_block_q, default_block_k)
     acc_dtype = rules.acc_dtype(q.dtype)
     round_dtype = rules.p_round_dtype(q.dtype)
     bits, min_exponent = rules.ROUNDING[round_dtype.name] if round_dtype is not None else (0, 0)

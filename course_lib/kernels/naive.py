@@ -1,19 +1,16 @@
 """impl ``naive``: chapter 01's attention in the input dtype.
 
-The same math as the reference, but float32 inputs stay float32 and float16 /
-bfloat16 inputs are multiplied with float32 accumulation and rounded back to
-their dtype where a GPU would store them (S after Q K^T, P before P V, O).
-Its error against the float64 reference is the yardstick of the low-precision
-tolerance rule in ``course_lib.checks``.
+The same math as the reference, in the precision of ``core.rules``: S, the
+softmax and P V in the accumulation dtype (float32, float64 for float64
+inputs); float16 / bfloat16 rounded back to their dtype where a framework
+stores them (S after Q K^T, P before P V, O).  Its error against the float64
+reference is the yardstick of the low-precision tolerance rule in
+``course_lib.checks``.
 """
-import numpy as np
-
-from ..core.reference import LOW_PRECISION, attention_math, lse_dtype
+from ..core import rules
+from ..core.reference import attention_math
 
 
 def attention_forward(q, k, v, opts, mask):
-    if q.dtype.name in LOW_PRECISION:
-        out, lse = attention_math(q, k, v, opts, mask, np.float32, round_dtype=q.dtype)
-    else:
-        out, lse = attention_math(q, k, v, opts, mask, q.dtype.type)
-    return out.astype(q.dtype), lse.astype(lse_dtype(q.dtype))
+    out, lse = attention_math(q, k, v, opts, mask, rules.acc_dtype(q.dtype), round_dtype=rules.p_round_dtype(q.dtype))
+    return out.astype(q.dtype), lse.astype(rules.lse_dtype(q.dtype))

@@ -56,10 +56,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core import hardware as presets
+from ..core import rules
 from ..core.masks import MaskSpec
 from ..kernels.counted import SCHEDULES, Traffic, traffic
-from ..kernels.flash_numpy import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from ..core import hardware as presets
+from ..kernels.launch import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from . import sram
 
 
@@ -85,7 +86,7 @@ def _key_tile_ranges(mask: MaskSpec, block_q: int, block_k: int, skip: bool):
 
 
 def _sizes(dtype):
-    return sram.itemsize(dtype), sram.itemsize(sram.accumulator(dtype))
+    return rules.itemsize(dtype), rules.itemsize(rules.acc_dtype(dtype))
 
 
 def _positive(**sizes):
@@ -202,7 +203,7 @@ def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal=False, *,
 
 def matmul_io(m: int, n: int, k: int, dtype="float32") -> Traffic:
     """C (m x n) = A (m x k) B (k x n), each matrix moved once: 2mnk FLOPs, (mk + kn + mn) elements."""
-    b = sram.itemsize(dtype)
+    b = rules.itemsize(dtype)
     return traffic("matmul", 2 * m * n * k, 0, {"A": m * k * b, "B": k * n * b}, {"C": m * n * b})
 
 
@@ -210,7 +211,7 @@ def matmul_io(m: int, n: int, k: int, dtype="float32") -> Traffic:
 
 def tile_for_sram(sram_bytes: int, head_dim: int, dtype="float16") -> int:
     """Rows B of square tiles such that the Q, K, V and O tiles (4 B D elements) fill ``sram_bytes``."""
-    return max(1, int(sram_bytes) // (4 * head_dim * sram.itemsize(dtype)))
+    return max(1, int(sram_bytes) // (4 * head_dim * rules.itemsize(dtype)))
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ def flash_intensity_for_budget(sram_bytes: int, head_dim: int, dtype="float16") 
     M / (2 D b) FLOP per element moved.  For a fixed on-chip budget the
     intensity falls as D grows: a larger head dim leaves room for fewer rows.
     """
-    b = sram.itemsize(dtype)
+    b = rules.itemsize(dtype)
     return 2 * tile_for_sram(sram_bytes, head_dim, dtype) / b
 
 
@@ -340,7 +341,7 @@ def levels(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", hw="h100_sxm",
     tr = -(-seqlen_q // block_q)
     in_flight = min(batch * heads, -(-(concurrent_blocks - 1) // tr) + 1)  # a window of blocks spans this many
     kv_heads = min(batch * heads_k, in_flight)  # GQA: query heads of a group share one K / V
-    working_set = kv_heads * nk * (head_dim + dv) * sram.itemsize(dtype)
+    working_set = kv_heads * nk * (head_dim + dv) * rules.itemsize(dtype)
     capacity = int(float(machine.l2))
     fits = working_set <= capacity
     floor = compulsory_bytes(batch, heads, heads_k, seqlen_q, nk, head_dim, dv, dtype, return_lse=return_lse)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.hardware import GIGA, KiB, MEASURED, MiB, Figure, Hardware, dtype_name
+from ..core.hardware import GIGA, KiB, MEASURED, MiB, Figure, Hardware
+from ..core.rules import dtype_name
 from ..core.machine import cpu_model
 
 

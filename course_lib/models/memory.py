@@ -6,35 +6,24 @@ like N^2, so for long sequences S is nearly all of the memory:
 
     bytes(S) = B * H * Nq * Nk * itemsize
 
-``score_bytes`` is that model, ``qkvo_bytes`` the linear part beside it, and
-``peak_bytes`` measures what a function really allocates at its peak on this
-machine (with ``tracemalloc``, which numpy reports its array buffers to).
+``score_bytes`` is that model (itemsize from ``core.rules``), ``qkvo_bytes``
+the linear part beside it, and ``peak_bytes`` measures what a function really
+allocates at its peak on this machine (with ``tracemalloc``, which numpy
+reports its array buffers to).
 """
 from __future__ import annotations
 
 import gc
 import tracemalloc
 
-import numpy as np
-
-try:  # bfloat16 and the float8 types by name ("bfloat16")
-    import ml_dtypes  # noqa: F401
-except ImportError:  # pragma: no cover - ml_dtypes is a course dependency
-    ml_dtypes = None
-
-
-def itemsize(dtype) -> int:
-    """Bytes of one element of ``dtype`` (a numpy dtype, type or name)."""
-    if isinstance(dtype, str) and ml_dtypes is not None and hasattr(ml_dtypes, dtype):
-        dtype = getattr(ml_dtypes, dtype)
-    return np.dtype(dtype).itemsize
+from ..core import rules
 
 
 def score_bytes(batch: int, heads: int, seqlen_q: int, seqlen_k: int | None = None,
                 dtype="float32") -> int:
     """Bytes of S (batch, heads, seqlen_q, seqlen_k): the N^2 term."""
     seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
-    return int(batch) * int(heads) * int(seqlen_q) * int(seqlen_k) * itemsize(dtype)
+    return int(batch) * int(heads) * int(seqlen_q) * int(seqlen_k) * rules.itemsize(dtype)
 
 
 def qkvo_bytes(batch: int, heads: int, seqlen: int, head_dim: int, dtype="float32",
@@ -44,7 +33,7 @@ def qkvo_bytes(batch: int, heads: int, seqlen: int, head_dim: int, dtype="float3
     With GQA / MQA only ``heads_k`` heads of K and V are stored.
     """
     heads_k = heads if heads_k is None else heads_k
-    per_head = int(batch) * int(seqlen) * int(head_dim) * itemsize(dtype)
+    per_head = int(batch) * int(seqlen) * int(head_dim) * rules.itemsize(dtype)
     return per_head * (2 * int(heads) + 2 * int(heads_k))
 
 

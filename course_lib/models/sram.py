@@ -46,37 +46,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import hardware
+from ..core import rules
 
 SHARED, REGISTERS = "shared", "registers"
 ALWAYS, INNER, EPILOGUE = "always", "inner loop", "epilogue"
 REGISTER_OVERHEAD = 16  # registers per thread for indices, pointers, loop counters: a rough allowance
 REGISTER_GRANULE = 8  # registers are handed out per thread in multiples of 8 (256 per warp)
-
-DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn")
-_ALIASES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
-            "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
-
-
-def dtype_name(dtype) -> str:
-    """A dtype's canonical name: "float16", "bfloat16", "float8_e4m3fn", ..."""
-    if isinstance(dtype, str):
-        return _ALIASES.get(dtype, dtype)
-    return np.dtype(dtype).name
-
-
-def itemsize(dtype) -> int:
-    """Bytes per element of a float dtype (names, numpy and ml_dtypes types)."""
-    name = dtype_name(dtype)
-    sizes = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
-    if name not in sizes:
-        raise ValueError(f"dtype must be one of {sorted(sizes)}, got {dtype!r}")
-    return sizes[name]
-
-
-def accumulator(dtype) -> str:
-    """The dtype scores and sums accumulate in: float64 for float64, else float32."""
-    return "float64" if dtype_name(dtype) == "float64" else "float32"
-
 
 @dataclass(frozen=True)
 class Item:
@@ -90,7 +65,7 @@ class Item:
 
     @property
     def bytes(self) -> int:
-        return math.prod(self.shape) * itemsize(self.dtype)
+        return math.prod(self.shape) * rules.itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -158,8 +133,9 @@ def tile_budget(block_q: int, block_k: int, head_dim: int, dtype="float16", *, h
     d = _positive_int("head_dim", head_dim)
     dv = d if head_dim_v is None else _positive_int("head_dim_v", head_dim_v)
     stages = _positive_int("kv_stages", kv_stages)
-    name, acc = dtype_name(dtype), accumulator(dtype)
-    itemsize(name)  # validates the dtype
+    name = rules.dtype_name(dtype)
+    rules.itemsize(dtype)  # validates the dtype
+    acc = rules.acc_dtype(name).name
     k_shape = (bc, d) if stages == 1 else (stages, bc, d)
     v_shape = (bc, dv) if stages == 1 else (stages, bc, dv)
     items = [
@@ -171,7 +147,7 @@ def tile_budget(block_q: int, block_k: int, head_dim: int, dtype="float16", *, h
         Item("O accumulator", (br, dv), acc, REGISTERS),
         Item("S / P tile", (br, bc), acc, REGISTERS, INNER),
     ]
-    if name != acc:  # low precision: the matmuls read their operands in the input dtype
+    if rules.p_round_dtype(name) is not None:  # low precision: the matmuls read their operands in the input dtype
         items += [Item(f"P in {name}", (br, bc), name, REGISTERS, INNER),
                   Item(f"O out in {name}", (br, dv), name, REGISTERS, EPILOGUE)]
     return TileBudget(br, bc, d, dv, name, stages, tuple(items))

@@ -5,7 +5,8 @@ import math
 
 import numpy as np
 
-from ..core.hardware import dtype_name, hardware
+from ..core.hardware import hardware
+from ..core.rules import dtype_name
 from ..models.measure import Measurement
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]

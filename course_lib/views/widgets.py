@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import checks
 from ..core import hardware as presets
+from ..core import rules
 from ..kernels import counted
 from ..models import iomodel, measure, roofline, sram
 from . import figstyle, roofline_plot
@@ -258,7 +259,7 @@ def tile_size_numbers(block_q=64, block_k=64, head_dim=64, dtype="float16", hard
                       seqlen=4096) -> TileSizeResult:
     """The numbers behind the tile-size explorer (and its static twin)."""
     hw = presets.hardware(hardware)
-    dtype = sram.dtype_name(dtype)
+    dtype = rules.dtype_name(dtype)
     budget = sram.tile_budget(block_q, block_k, head_dim, dtype)
     naive = iomodel.naive_io(seqlen, seqlen, head_dim, dtype)
     flash = iomodel.flash_io(seqlen, seqlen, head_dim, dtype, block_q=block_q, block_k=block_k)
@@ -320,7 +321,7 @@ def tile_size_explorer(block_q=64, block_k=64, head_dim=64, dtype="float16", har
         "block_q": _selection_slider(widgets, "Br (query rows)", POWERS_OF_TWO_TILES, block_q),
         "block_k": _selection_slider(widgets, "Bc (keys)", POWERS_OF_TWO_TILES, block_k),
         "head_dim": _dropdown(widgets, "D", list(HEAD_DIMS), head_dim),
-        "dtype": _dropdown(widgets, "dtype", list(DTYPES), sram.dtype_name(dtype)),
+        "dtype": _dropdown(widgets, "dtype", list(DTYPES), rules.dtype_name(dtype)),
         "hardware": _dropdown(widgets, "hardware", _hardware_options(), presets.hardware(hardware).key),
         "seqlen": _selection_slider(widgets, "N", SEQLENS, seqlen),
     }
@@ -381,7 +382,7 @@ def roofline_numbers(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="float
     if show not in ("naive", "flash", "both"):
         raise ValueError(f"show must be 'naive', 'flash' or 'both', got {show!r}")
     hw = presets.hardware(hardware)
-    dtype = sram.dtype_name(dtype)
+    dtype = rules.dtype_name(dtype)
     measurement = measurement or this_machine()
     traffic = {"naive": iomodel.naive_io(seqlen, seqlen, head_dim, dtype, causal=causal),
                "fa2": iomodel.flash_io(seqlen, seqlen, head_dim, dtype, causal=causal, block_q=128, block_k=64)}
@@ -466,7 +467,7 @@ def roofline_explorer(hardware="h100_sxm", seqlen=4096, head_dim=64, dtype="floa
         "hardware": _dropdown(widgets, "hardware", _hardware_options(), presets.hardware(hardware).key),
         "seqlen": _selection_slider(widgets, "N", SEQLENS, seqlen),
         "head_dim": _dropdown(widgets, "D", list(HEAD_DIMS), head_dim),
-        "dtype": _dropdown(widgets, "dtype", list(DTYPES), sram.dtype_name(dtype)),
+        "dtype": _dropdown(widgets, "dtype", list(DTYPES), rules.dtype_name(dtype)),
         "causal": widgets.Checkbox(description="causal", value=bool(causal)),
         "show": widgets.ToggleButtons(options=["naive", "flash", "both"], value=show),
     }
