@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpu_steps as gs  # noqa: E402
 from course_lib.kernels import cuda_steps as cs  # noqa: E402
+from course_lib.core.flops import attention_flops  # noqa: E402
 
 OUTDIR = Path(sys.argv[1])
 PARTS = sys.argv[2:] or ["check", "cands", "causal", "decode"]
@@ -44,7 +45,7 @@ def time_one(pr, label, tiling=None, splits=1, step="tuned", causal=False, repea
         acc = gs.accuracy(pr, causal)
         t, ts = gs.cuda_timer(call, repeats)
         B, H, Nq, Nk, D = pr.shape
-        flops = 4 * B * H * Nq * Nk * D * (0.5 if causal and Nq == Nk else 1)
+        flops = attention_flops(B, H, Nq, Nk, D, causal=causal)
         ex = gs.step_extra(p)
         rec(label=label, shape=pr.shape, causal=causal, splits=p.splits, ms=t * 1e3, tflops=flops / t / 1e12,
             ok=acc["ok"], err=acc["max_abs_err"], compile_s=round(comp, 1), regs=ex["resources"],
@@ -76,7 +77,7 @@ def part_cands():
     for D in (64, 128):
         pr = gs.Problem(4, 16, 4096, 4096, D, seed=D)
         t = gs.cuda_timer(lambda: gs.naive_torch(pr.q, pr.k, pr.v, False), 10)[0]
-        rec(label="torch_naive", D=D, ms=t * 1e3, tflops=4 * 64 * 4096 * 4096 * D / t / 1e12)
+        rec(label="torch_naive", D=D, ms=t * 1e3, tflops=attention_flops(4, 16, 4096, 4096, D) / t / 1e12)
         times = []
         for c in CANDS[D]:
             times.append((time_one(pr, f"vec{c}", tiling=T(*c)) or 1e9, c))

@@ -12,7 +12,7 @@ import pytest
 
 from course_lib import bench
 from course_lib.bench import timing
-from course_lib.models.iomodel import attention_flops
+from course_lib.core.flops import attention_flops
 
 RECORDS = Path(__file__).resolve().parent.parent / "notebooks" / "records"
 

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 import course_lib
 from course_lib import checks
-from course_lib.core.options import AttentionOptions
 from course_lib.core import hardware
 from course_lib.models import iomodel, roofline, sram
 from course_lib.kernels.counted import run_counted
@@ -293,34 +292,12 @@ def test_budget_rejects_bad_sizes_and_dtypes():
         sram.tile_budget(64, 64, 64, "int4")
 
 
-# -- FLOPs of a masked problem: the visible pairs ------------------------------------
-
-def test_flops_count_the_visible_pairs_so_decode_counts_every_key():
-    assert iomodel.attention_flops(2, 3, 100, 300, 64) == 4 * 2 * 3 * 100 * 300 * 64
-    n = 512
-    assert iomodel.attention_flops(1, 1, n, n, 64, causal=True) == 4 * 64 * n * (n + 1) // 2  # about half
-    decode = iomodel.attention_flops(1, 1, 1, 4096, 128, causal=True)  # Nq = 1, bottom-right: sees all keys
-    assert decode == iomodel.attention_flops(1, 1, 1, 4096, 128) == 4 * 4096 * 128
-    top_left = iomodel.attention_flops(1, 1, 1, 4096, 128, causal=True, causal_align="top_left")
-    assert top_left == 4 * 1 * 128  # top-left: the one query sees key 0 only
-    window = iomodel.attention_flops(1, 1, 64, 64, 8, window_size=(3, 0))
-    assert window == 4 * 8 * sum(min(i, 3) + 1 for i in range(64))
-    assert iomodel.attention_flops(1, 1, 10, 10, 8, head_dim_v=4) == 2 * 10 * 10 * (8 + 4)
-
-
-@pytest.mark.parametrize("mask", MASKS + [dict(window_size=(0, 0))], ids=str)
-def test_visible_pairs_equal_the_reference_masks_count(mask):
-    spec = AttentionOptions(softmax_scale=1.0, **mask).mask(37, 53)
-    expected = int(spec.visible(np.arange(37), np.arange(53)).sum())
-    assert iomodel.visible_pairs(37, 53, **mask) == expected
-
-
 # -- the third level: L2 ---------------------------------------------------------------
 
 H200 = dict(batch=2, heads=16, block_q=128, block_k=64)
 
 
-def test_the_two_level_count_is_what_issue_13_quotes_and_the_compulsory_traffic_is_qkvo_once():
+def test_two_level_count_at_4k_and_compulsory_traffic_qkvo_once():
     at_4k = iomodel.levels(4096, 4096, 128, "float16", "h200", **H200)
     assert at_4k.l2_bytes == pytest.approx(2.21e9, rel=0.01)  # the two-level count, chip <-> L2 + HBM
     assert at_4k.compulsory_bytes == 4 * 2 * 16 * 4096 * 128 * 2  # Q, K, V, O once: 134 MB

@@ -7,7 +7,7 @@ a JSON-lines file, and the chapters read the records back with
 ``load_records`` and compare only records of one run (``latest_run``).
 
 A FLOP rate is work over time, and the FLOPs are always the kernel's work
-(``iomodel.attention_flops``), so a record carries one only where its time
+(``core.flops.attention_flops``), so a record carries one only where its time
 includes that work: the kernel layer and end to end (the whole call, the
 kernel inside it: a lower bound on the kernel's rate).  A launch time is the
 host's cost of starting the kernel, without its work, so a launch record
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import machine
-from ..models.iomodel import attention_flops
+from ..core.flops import attention_flops
 from . import envreport
 
 LAYERS = ("kernel", "launch", "end to end")  # what a time measures
@@ -66,7 +66,7 @@ def record(*, benchmark, impl, shape, dtype, time_s, causal=False, causal_align=
 
     ``shape`` is (B, H, Nq, Nk, D); ``heads_k`` / ``head_dim_v`` default to H / D.
     FLOPs count the (query, key) pairs the mask lets through (``causal``,
-    ``causal_align``, ``window_size``): ``iomodel.attention_flops``.
+    ``causal_align``, ``window_size``): ``core.flops.attention_flops``.
     ``mask`` describes the mask in words ("causal", "window (8, 0)", ...;
     default "causal" or "none").  ``bytes_moved`` is what the kernel moved
     (its own count, when it keeps one); without it the compulsory traffic of

@@ -9,6 +9,7 @@
 - ``conventions``: other libraries' conventions (PyTorch's ``is_causal``) in the course's terms;
 - ``hardware``: the machine presets (peaks, bandwidth, SRAM, per-SM limits), each figure with its source,
   and ``occupancy``, the blocks one SM holds;
+- ``flops``: the one FLOP convention (the pairs a mask lets through);
 - ``machine``: what this machine is (CPU, cores, GPU or simulator), read when asked;
 - ``options``: validation of a call's inputs and options, shared by every impl.
 """

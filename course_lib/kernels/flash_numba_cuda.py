@@ -48,14 +48,15 @@ try:
 except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unavailable, nothing else
     numba = None
 
-from ..core import rules
+from ..core import hardware, rules
 from ..core.reference import nan_lse_where_out_is_nan
 from . import launch as host
 
 # Br: threads per block, one per query row; Bc: keys per shared-memory tile (their
 # defaults, on a GPU and in the simulators: launch.DEFAULT_TILES).
-MAX_THREADS = 1024            # per block, on every CUDA GPU
-SHARED_BYTES = 48 * 1024      # static shared memory a block may use
+_GPU = hardware.hardware("h200")
+MAX_THREADS = _GPU.max_threads_per_block        # per block, on every CUDA GPU
+SHARED_BYTES = _GPU.static_smem_per_block       # static shared memory a block may use
 # The simulators run one Python thread per CUDA thread: B * H * Nq * Nk * (D + Dv)
 # above this takes minutes there, so they refuse it.
 SIM_MAX_WORK = 2_000_000

@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...core import reference
+from ...core.flops import attention_flops
 from ...core.options import call_forward
 from .device import on_gpu
 from .run import STEPS, attention, launcher, plan
@@ -119,7 +120,7 @@ def main(argv=None):
                 print(f"{args.step} D={D} N=1000: FAIL {wrong}")
                 continue
             seconds = time_step(args.step, 1, args.bh, args.n, D)
-            tflops = 4 * args.bh * args.n * args.n * D / seconds / 1e12
+            tflops = attention_flops(1, args.bh, args.n, args.n, D) / seconds / 1e12
             print(f"{args.step} B*H={args.bh} N={args.n} D={D}: {seconds * 1e3:.3f} ms, {tflops:.1f} TFLOP/s")
     return 1 if failed else 0
 

@@ -105,8 +105,8 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
         p = ch09.plan(q, k, v, opts, mask, exp2=(step == "row_exp2"))
         return Plan(step, p.kernel, p.griddim, p.blockdim, 0, p.args, 1, p.out_shape, p.launch)
     tiling = tiling or tiling_for(step, D)
-    if opts.block_q or opts.block_k:
-        tiling = replace(tiling, Br=opts.block_q or tiling.Br, Bc=opts.block_k or tiling.Bc)
+    Br, Bc = host.tile_sizes(opts, tiling.Br, tiling.Bc)
+    tiling = replace(tiling, Br=Br, Bc=Bc)
     kernel = FACTORY[tiling.vec, tiling.prefetch](tiling, D, Dv)
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, tiling.Br, tiling.Bc)[0]
     visit, nvisit = visit_lists(launch.tiles)
@@ -185,7 +185,7 @@ def forward(q, k, v, opts, mask, step="tuned", *, tiling=None, splits=1):
     launcher(p, *arrays)()
     if on_gpu():
         out, lse = arrays[3].copy_to_host(), arrays[4].copy_to_host()
-    return out, nan_lse_where_out_is_nan(out, lse)
+    return out, nan_lse_where_out_is_nan(out, lse).astype(rules.lse_dtype(q.dtype), copy=False)
 
 
 def attention(q, k, v, *, step="tuned", tiling=None, splits=1, return_lse=False, **options):
