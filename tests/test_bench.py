@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from course_lib import bench
+from course_lib.bench import cli as benchrun
 from course_lib.bench import timing
+from course_lib.kernels import cuda_steps as cs
 from course_lib.core.flops import attention_flops
 
 RECORDS = Path(__file__).resolve().parent.parent / "notebooks" / "records"
@@ -27,7 +29,7 @@ def test_time_it_warms_up_then_returns_the_median_of_the_repeats(monkeypatch):
     assert calls == ["a"] * 5
 
 
-def test_time_it_passes_keyword_arguments_and_refuses_zero_repeats():
+def test_time_it_passes_keywords_and_refuses_zero_repeats():
     seen = {}
     bench.time_it(lambda *, n: seen.update(n=n), n=3, repeats=1, warmup=0)
     assert seen == {"n": 3}
@@ -66,7 +68,7 @@ def test_tflops_is_4_b_h_nq_nk_d_over_time():
     assert rec["tflops"] == pytest.approx(4 * 2 * 3 * 100 * 300 * 64 / 0.25 / 1e12)
 
 
-def test_causal_flops_count_the_visible_pairs_about_half_and_decode_counts_every_key():
+def test_causal_flops_are_about_half_and_decode_counts_every_key():
     full = bench.record(benchmark="t", impl="x", shape=(1, 2, 512, 512, 64), dtype="float16", time_s=1.0, env=ENV)
     causal = bench.record(benchmark="t", impl="x", shape=(1, 2, 512, 512, 64), dtype="float16", time_s=1.0,
                           causal=True, env=ENV)
@@ -81,7 +83,7 @@ def test_causal_flops_count_the_visible_pairs_about_half_and_decode_counts_every
     assert window["flops"] == 4 * 8 * sum(min(i, 3) + 1 for i in range(64))
 
 
-def test_bytes_moved_defaults_to_the_compulsory_traffic_or_takes_the_kernels_count():
+def test_bytes_moved_is_compulsory_traffic_or_the_kernels_count():
     rec = bench.record(benchmark="t", impl="x", shape=(1, 8, 10, 20, 16), heads_k=2, dtype="float16",
                        time_s=1.0, env=ENV)
     q_o = 1 * 8 * 10 * 16 * 2      # Q read, O written
@@ -118,7 +120,7 @@ def test_a_record_refuses_an_unknown_layer_and_a_given_flop_rate():
 
 
 @pytest.mark.parametrize("path", sorted(RECORDS.glob("*.jsonl")), ids=lambda p: p.name)
-def test_no_committed_record_of_the_launch_layer_claims_a_flop_rate(path):
+def test_no_committed_launch_record_claims_a_flop_rate(path):
     launch = [r for r in bench.load_records(path) if r.get("layer") == "launch"]
     assert not [r for r in launch if r.get("tflops") is not None], f"{path.name}: launch records with TFLOP/s"
     assert all(r.get("layer") in (None, *bench.LAYERS) for r in bench.load_records(path))
@@ -157,7 +159,7 @@ def test_the_committed_causal_skipping_records_are_complete():
         assert {"cpu", "numpy", "numba", "date"} <= set(r["environment"])
 
 
-def test_the_committed_cpu_bench_run_has_every_bucket_for_every_cpu_impl_and_peer():
+def test_the_cpu_bench_run_has_every_bucket_impl_and_peer():
     from course_lib.bench import cli as benchrun
 
     path = RECORDS / "bench_cpu.jsonl"
@@ -171,3 +173,71 @@ def test_the_committed_cpu_bench_run_has_every_bucket_for_every_cpu_impl_and_pee
     for r in records:
         assert r["layer"] == "end to end" and r["device"] == r["environment"]["cpu"]
         assert (r["median_ms"] is None) == ("skipped" in r), r
+
+
+# -- the bench CLI and the CUDA steps' records -----------------------------------------------
+
+def test_a_record_carries_the_flat_fields_and_its_layer():
+    rec = bench.record(benchmark="t", impl="x", shape=(2, 3, 5, 7, 4), dtype="float32", time_s=0.002,
+                       layer="kernel", device="NVIDIA H200", env={"cpu": "c"}, run="r1")
+    for key in ("run_id", "impl", "device", "dtype", "B", "H", "Nq", "Nk", "D", "causal", "median_ms", "tflops",
+                "layer", "environment"):
+        assert key in rec
+    assert (rec["B"], rec["Nk"], rec["median_ms"], rec["device"]) == (2, 7, 2.0, "NVIDIA H200")
+
+
+def test_the_bench_cli_runs_the_cpu_impls_and_reports_ratios(tmp_path, capsys):
+    out = tmp_path / "b.jsonl"
+    assert benchrun.main(["--out", str(out), "--sizes", "32", "--head-dims", "8", "--dtypes", "float32",
+                          "--decode-nk", "64", "--cpu-tokens", "32", "--repeats", "1", "--quiet", "--cpu",
+                          "--impls", "naive", "flash_numpy"]) == 0
+    records = bench.load_records(out)
+    assert {r["impl"] for r in records} == {"naive", "flash_numpy"}
+    assert {r["bucket"] for r in records} == {"prefill", "decode"}
+    assert all(r["layer"] == "end to end" and r["median_ms"] > 0 and r["run_id"] == records[0]["run_id"]
+               for r in records)
+    table = capsys.readouterr().out
+    assert "ratio" in table and "flash_numpy" in table
+
+
+def _bench_rec(impl, ms, dtype="float32", device="AMD EPYC"):
+    return bench.record(benchmark="bench", impl=impl, shape=(1, 2, 64, 64, 8), dtype=dtype, time_s=ms / 1e3,
+                        run="r1", env={"cpu": device}, layer="end to end", device=device, bucket="prefill")
+
+
+def test_the_report_takes_torch_naive_as_baseline_else_naive():
+    # naive ran first in the run (as the CLI orders the impls); torch_naive is still the baseline
+    with_torch = [_bench_rec("naive", 40.0), _bench_rec("flash_numpy", 20.0), _bench_rec("torch_naive", 10.0)]
+    table = benchrun.report(with_torch)
+    assert "flash_numpy                20.000     0.00   0.50" in table
+    assert "naive                      40.000     0.00   0.25" in table
+    without = benchrun.report(with_torch[:2])
+    assert "flash_numpy                20.000     0.00   2.00" in without
+
+
+def test_the_roofline_plot_draws_only_the_records_own_machine():
+    import matplotlib
+    matplotlib.use("Agg")
+    assert benchrun.preset_for("NVIDIA H200") == "h200" and benchrun.preset_for("AMD EPYC") is None
+    cpu = benchrun.plot_roofline([_bench_rec("naive", 40.0)])
+    assert not cpu.lines and "no datasheet roofline" in cpu.get_title()
+    gpu = benchrun.plot_roofline([_bench_rec("torch_naive", 1.0, device="NVIDIA H200")])
+    assert any("H200" in line.get_label() for line in gpu.lines)
+
+
+def test_a_bucket_an_impl_cannot_take_is_recorded_with_why():
+    b = dict(kind="prefill", B=1, H=1, Nq=8, Nk=8, D=8, causal=False, dtype="float16")
+    with pytest.raises(benchrun.NotApplicable, match="float32 only"):
+        benchrun.callable_for("cuda_tuned", b, (None, None, None), on_gpu=False)
+    rec = benchrun.skipped("cuda_tuned", b, "r", {}, "cpu", "kernel", "not applicable: float32 only")
+    assert rec["median_ms"] is None and rec["skipped"].startswith("not applicable")
+
+
+def test_h200_records_hold_every_step_and_peer_in_one_run():
+    records = bench.load_records(RECORDS / "gpu_steps.jsonl", benchmark="gpu_steps")
+    assert len({r["run_id"] for r in records}) == 1
+    impls = {r["impl"] for r in records}
+    assert {f"cuda_{s}" for s in cs.STEPS} <= impls
+    assert set(benchrun.TORCH_PEERS) <= impls
+    checked = bench.load_records(RECORDS / "gpu_steps.jsonl", benchmark="gpu_steps_check")
+    assert checked and all(r["verdict"] == "PASS" for r in checked)

@@ -39,7 +39,7 @@ def _pins():
     return pins
 
 
-def test_environment_yml_for_binder_and_conda_has_pyprojects_pins():
+def test_environment_yml_has_pyprojects_pins():
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     got = {}
     for dep in env["dependencies"]:
@@ -56,7 +56,7 @@ def test_environment_yml_for_binder_and_conda_has_pyprojects_pins():
     assert "-e ." in next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]  # course_lib itself
 
 
-def test_the_image_and_the_kubernetes_values_agree_with_the_course():
+def test_the_image_and_kubernetes_values_agree_with_the_course():
     dockerfile = (CLASSROOM / "Dockerfile").read_text()
     values = yaml.safe_load((CLASSROOM / "kubernetes" / "values.yaml").read_text())
     # The image starts learners through the same learner_start.py as the one-machine hub.
@@ -84,7 +84,7 @@ def test_the_image_and_the_kubernetes_values_agree_with_the_course():
     assert override["image"].endswith("-cu12")
 
 
-def test_the_hand_out_copies_what_the_learner_lacks_and_never_touches_what_they_have(tmp_path):
+def test_hand_out_copies_what_is_missing_never_what_is_there(tmp_path):
     course, mine = tmp_path / "course", tmp_path / "home" / "flash-course"
     for rel in ("notebooks/01.ipynb", "notebooks/records/r.jsonl", "exercises/01.ipynb", "exercises/02.ipynb",
                 "solutions/01.ipynb", "notebooks/.ipynb_checkpoints/01-checkpoint.ipynb"):
@@ -107,7 +107,7 @@ def test_the_hand_out_copies_what_the_learner_lacks_and_never_touches_what_they_
     assert (mine / "notebooks" / "records").read_text() == "mine"
 
 
-def test_a_reason_in_the_class_csv_is_never_a_spreadsheet_formula():
+def test_a_reason_in_the_class_csv_is_never_a_formula():
     for text in ("=HYPERLINK(\"http://x\")", "+1", "-1", "@SUM(A1)", "\tx"):
         assert workshop.spreadsheet_safe(text) == "'" + text
     assert workshop.spreadsheet_safe("not implemented yet") == "not implemented yet"

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 import course_lib
-from course_lib import bench, kernels
-from course_lib.bench import cli as benchrun
+from course_lib import kernels
 from course_lib.core import rules
 from course_lib.kernels import cuda_steps as cs
 from course_lib.kernels.cuda_steps import __main__ as cli
@@ -83,7 +82,7 @@ def test_every_step_is_a_registered_cuda_impl_with_a_description():
         assert f"``{name}``" in kernels.__doc__          # a row of the registry's table
 
 
-def test_the_steps_are_listed_only_where_a_gpu_or_the_simulator_runs_them():
+def test_steps_are_listed_only_where_a_gpu_or_simulator_runs():
     listed = {s for s in cs.STEPS if f"cuda_{s}" in course_lib.available_impls()}
     assert listed == (set(cs.STEPS) if cs.available() else set())
     if not cs.available():
@@ -124,7 +123,7 @@ def test_shared_memory_layout_reuses_ks_for_p_and_pads_rows():
     assert t.shared_bytes(64, 64) == 4 * (64 * 65 + max(32 * 65, 64 * 33) + 32 * 64 + 64 * 8)
 
 
-def test_the_vectorised_layout_keeps_every_row_16_byte_aligned_and_conflict_free():
+def test_vec_layout_keeps_rows_16_byte_aligned_conflict_free():
     for D, Dv, tiling in [(64, 64, cs.STEP_TILING["tiled_staged"]), (128, 128, cs.STEP_TILING["tiled_vec4"]),
                           (7, 5, replace(cs.SIM_TILING, vec=True)), (40, 24, cs.DECODE_TILING)]:
         L = tiling.layout(D, Dv)
@@ -164,71 +163,3 @@ def test_the_autotuner_keeps_the_fastest_candidate_that_ran():
     assert (best.Br, best.prefetch) == (32, True) and cs.TUNED[64] == best
     assert len(results) == 4
     cs.TUNED.clear()
-
-
-# -- records and the bench CLI ---------------------------------------------------------------
-
-def test_a_record_carries_the_flat_fields_and_its_layer():
-    rec = bench.record(benchmark="t", impl="x", shape=(2, 3, 5, 7, 4), dtype="float32", time_s=0.002,
-                       layer="kernel", device="NVIDIA H200", env={"cpu": "c"}, run="r1")
-    for key in ("run_id", "impl", "device", "dtype", "B", "H", "Nq", "Nk", "D", "causal", "median_ms", "tflops",
-                "layer", "environment"):
-        assert key in rec
-    assert (rec["B"], rec["Nk"], rec["median_ms"], rec["device"]) == (2, 7, 2.0, "NVIDIA H200")
-
-
-def test_the_bench_cli_runs_the_cpu_impls_and_reports_ratios(tmp_path, capsys):
-    out = tmp_path / "b.jsonl"
-    assert benchrun.main(["--out", str(out), "--sizes", "32", "--head-dims", "8", "--dtypes", "float32",
-                          "--decode-nk", "64", "--cpu-tokens", "32", "--repeats", "1", "--quiet", "--cpu",
-                          "--impls", "naive", "flash_numpy"]) == 0
-    records = bench.load_records(out)
-    assert {r["impl"] for r in records} == {"naive", "flash_numpy"}
-    assert {r["bucket"] for r in records} == {"prefill", "decode"}
-    assert all(r["layer"] == "end to end" and r["median_ms"] > 0 and r["run_id"] == records[0]["run_id"]
-               for r in records)
-    table = capsys.readouterr().out
-    assert "ratio" in table and "flash_numpy" in table
-
-
-def _bench_rec(impl, ms, dtype="float32", device="AMD EPYC"):
-    return bench.record(benchmark="bench", impl=impl, shape=(1, 2, 64, 64, 8), dtype=dtype, time_s=ms / 1e3,
-                        run="r1", env={"cpu": device}, layer="end to end", device=device, bucket="prefill")
-
-
-def test_the_report_takes_torch_naive_as_the_baseline_where_it_ran_and_naive_where_not():
-    # naive ran first in the run (as the CLI orders the impls); torch_naive is still the baseline
-    with_torch = [_bench_rec("naive", 40.0), _bench_rec("flash_numpy", 20.0), _bench_rec("torch_naive", 10.0)]
-    table = benchrun.report(with_torch)
-    assert "flash_numpy                20.000     0.00   0.50" in table
-    assert "naive                      40.000     0.00   0.25" in table
-    without = benchrun.report(with_torch[:2])
-    assert "flash_numpy                20.000     0.00   2.00" in without
-
-
-def test_the_roofline_plot_uses_the_records_own_machine_and_no_other_machines_roof():
-    import matplotlib
-    matplotlib.use("Agg")
-    assert benchrun.preset_for("NVIDIA H200") == "h200" and benchrun.preset_for("AMD EPYC") is None
-    cpu = benchrun.plot_roofline([_bench_rec("naive", 40.0)])
-    assert not cpu.lines and "no datasheet roofline" in cpu.get_title()
-    gpu = benchrun.plot_roofline([_bench_rec("torch_naive", 1.0, device="NVIDIA H200")])
-    assert any("H200" in line.get_label() for line in gpu.lines)
-
-
-def test_a_bucket_an_impl_cannot_take_is_recorded_with_its_reason():
-    b = dict(kind="prefill", B=1, H=1, Nq=8, Nk=8, D=8, causal=False, dtype="float16")
-    with pytest.raises(benchrun.NotApplicable, match="float32 only"):
-        benchrun.callable_for("cuda_tuned", b, (None, None, None), on_gpu=False)
-    rec = benchrun.skipped("cuda_tuned", b, "r", {}, "cpu", "kernel", "not applicable: float32 only")
-    assert rec["median_ms"] is None and rec["skipped"].startswith("not applicable")
-
-
-def test_the_committed_h200_records_hold_every_step_and_every_peer_in_one_run():
-    records = bench.load_records(ROOT / "notebooks" / "records" / "gpu_steps.jsonl", benchmark="gpu_steps")
-    assert len({r["run_id"] for r in records}) == 1
-    impls = {r["impl"] for r in records}
-    assert {f"cuda_{s}" for s in cs.STEPS} <= impls
-    assert set(benchrun.TORCH_PEERS) <= impls
-    checked = bench.load_records(ROOT / "notebooks" / "records" / "gpu_steps.jsonl", benchmark="gpu_steps_check")
-    assert checked and all(r["verdict"] == "PASS" for r in checked)

@@ -19,7 +19,7 @@ def report_lines():
     return {k.strip(): v.strip() for k, v in (line.split(" : ", 1) for line in text.getvalue().splitlines())}
 
 
-def test_report_names_python_and_every_pinned_package_with_its_version():
+def test_report_names_python_and_every_pinned_package():
     lines = report_lines()
     assert lines["python"] == platform.python_version()
     assert lines["numpy"] == np.__version__
@@ -28,7 +28,7 @@ def test_report_names_python_and_every_pinned_package_with_its_version():
         assert lines[name] != ""
 
 
-def test_report_names_the_cpu_its_cores_the_gpu_and_the_available_impls():
+def test_report_names_the_cpu_cores_gpu_and_available_impls():
     lines = report_lines()
     assert lines["cpu"] and lines["cpu"] != "unknown"
     assert lines["cpu cores"].split()[0].isdigit()
@@ -72,7 +72,7 @@ def test_score_bytes_is_batch_heads_nq_nk_itemsize():
     assert memory.score_bytes(1, 1, 10, dtype="bfloat16") == 200
 
 
-def test_qkvo_bytes_is_linear_in_n_and_counts_shared_kv_heads_once():
+def test_qkvo_bytes_is_linear_in_n_shared_kv_heads_once():
     assert memory.qkvo_bytes(1, 8, 100, 64, "float32") == 4 * 8 * 100 * 64 * 4
     assert memory.qkvo_bytes(1, 8, 200, 64, "float32") == 2 * memory.qkvo_bytes(1, 8, 100, 64, "float32")
     assert memory.qkvo_bytes(1, 8, 100, 64, "float32", heads_k=2) == (2 * 8 + 2 * 2) * 100 * 64 * 4
@@ -92,7 +92,7 @@ def test_peak_bytes_sees_a_numpy_allocation():
     assert 8 * n <= peak < 8 * n + 64 * 1024
 
 
-def test_peak_bytes_of_naive_attention_grows_like_n_squared_as_the_model_says():
+def test_naive_peak_bytes_grow_like_n_squared_as_modelled():
     rng = np.random.default_rng(0)
     heads, head_dim = 2, 16
     sizes = (256, 512, 1024)

@@ -45,7 +45,7 @@ SHAPES = [  # (B, H, Hk, Nq, Nk, D, Dv, Br, Bc)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()) or "nomask")
-def test_model_equals_the_count_and_the_kernel_matches_the_reference(schedule, shape, mask, capsys):
+def test_model_equals_the_count_and_kernel_matches_reference(schedule, shape, mask, capsys):
     b, h, hk, nq, nk, d, dv, br, bc = shape
     q, k, v = inputs(b, h, hk, nq, nk, d, dv, np.float32)
     run = run_counted(q, k, v, schedule=schedule, block_q=br, block_k=bc, return_lse=True, **mask)
@@ -55,7 +55,7 @@ def test_model_equals_the_count_and_the_kernel_matches_the_reference(schedule, s
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_every_dtype_counts_its_own_itemsize_and_stays_within_the_tolerance(dtype, schedule, capsys):
+def test_every_dtype_counts_its_itemsize_within_tolerance(dtype, schedule, capsys):
     q, k, v = inputs(1, 2, 1, 41, 35, 16, 16, dtype, seed=1)
     run = run_counted(q, k, v, schedule=schedule, block_q=16, block_k=8, causal=True, return_lse=True)
     assert run.traffic == model_of(q, v, schedule, block_q=16, block_k=8, causal=True, return_lse=True)
@@ -104,7 +104,7 @@ def test_the_count_tells_schedules_apart():
 
 # -- closed forms a learner can check by hand ------------------------------------------
 
-def test_fa2_without_a_mask_reads_q_once_kv_once_per_query_tile_and_writes_o_once():
+def test_fa2_reads_q_once_kv_per_query_tile_writes_o_once():
     n, d, b, br = 1000, 64, 2, 128  # 8 query tiles, the last one short
     t = attention_io("fa2", n, n, d, "float16", block_q=br, block_k=64)
     tr = math.ceil(n / br)
@@ -130,7 +130,7 @@ def test_fa1_rereads_q_and_o_for_every_key_tile():
     assert t.writes["m"] == t.writes["l"] == (tc + 1) * n * 4
 
 
-def test_fa1_keeps_its_o_scratch_in_float32_at_low_precision_and_converts_it_once():
+def test_fa1_keeps_o_scratch_in_float32_at_low_precision():
     n, d, br, bc = 512, 32, 64, 128
     t = attention_io("fa1", n, n, d, "float16", block_q=br, block_k=bc)
     tc = n // bc
@@ -145,7 +145,7 @@ def test_batch_and_heads_multiply_everything():
     assert many.bytes == 15 * one.bytes and many.flops == 15 * one.flops
 
 
-def test_causal_tile_skipping_roughly_halves_the_work_and_not_skipping_costs_the_full_square():
+def test_causal_skipping_halves_the_work_not_skipping_costs_all():
     full = attention_io("fa2", 8192, 8192, 64, block_q=64, block_k=64)
     causal = attention_io("fa2", 8192, 8192, 64, block_q=64, block_k=64, causal=True)
     unskipped = attention_io("fa2", 8192, 8192, 64, block_q=64, block_k=64, causal=True, skip_empty_tiles=False)
@@ -192,7 +192,7 @@ def test_bad_arguments_are_named():
 # c / b^2 with B = M / (4 D b): FA2 re-reads K and V (2 b); FA1 re-reads Q (b) and O, read and written in
 # float32 (2 x 4 = 4 b at b = 2): 4 (b + 2 * 4) / b = 20
 @pytest.mark.parametrize("schedule, constant", [("fa2", 8), ("fa1", 20)])
-def test_io_law_n_squared_d_squared_over_m_with_the_derived_constant(schedule, constant):
+def test_io_law_n2_d2_over_m_with_the_derived_constant(schedule, constant):
     points = iomodel.io_law_points([4096, 8192, 16384], [64, 128], [64 * 1024, 128 * 1024, 256 * 1024],
                                    "float16", schedule)
     fit = iomodel.fit_io_law(points)
@@ -203,7 +203,7 @@ def test_io_law_n_squared_d_squared_over_m_with_the_derived_constant(schedule, c
 
 
 @pytest.mark.parametrize("sram_bytes", [64 * 1024, 256 * 1024])
-def test_flashattentions_intensity_falls_with_d_for_a_fixed_on_chip_budget(sram_bytes):
+def test_intensity_falls_with_d_for_a_fixed_on_chip_budget(sram_bytes):
     by_d = {d: iomodel.flash_intensity_for_budget(sram_bytes, d, "float16") for d in (32, 64, 128, 256)}
     for d, predicted in by_d.items():
         tile = iomodel.tile_for_sram(sram_bytes, d, "float16")
@@ -253,7 +253,7 @@ def test_tile_budget_items_by_hand():
     assert staged.shared_bytes == b.shared_bytes + 2 * 64 * 128 * 2
 
 
-def test_float32_needs_no_conversion_buffers_and_fp8_has_one_byte_tiles():
+def test_float32_needs_no_conversion_fp8_has_one_byte_tiles():
     f32 = sram.tile_budget(64, 64, 64, "float32")
     assert not any("out in" in it.name or "P in" in it.name for it in f32.items)
     fp8 = sram.tile_budget(64, 64, 64, "fp8")
@@ -277,7 +277,7 @@ def test_too_big_a_tile_does_not_fit_and_says_why():
     assert not sram.fits(sram.tile_budget(128, 128, 128, "float32"), "edge_npu")
 
 
-def test_fits_all_covers_every_preset_and_small_machines_count_blocks_by_sram():
+def test_fits_all_covers_every_preset_small_ones_by_sram():
     res = sram.fits_all(sram.tile_budget(32, 32, 64, "float16"))
     assert set(res) == set(hardware.HARDWARE)
     npu = res["edge_npu"]
@@ -306,7 +306,7 @@ def test_two_level_count_at_4k_and_compulsory_traffic_qkvo_once():
     assert at_16k.l2_bytes == pytest.approx(34.6e9, rel=0.01) and at_16k.compulsory_bytes == pytest.approx(537e6, rel=0.01)
 
 
-def test_the_measured_dram_and_l2_bytes_sit_near_the_l2_aware_and_two_level_predictions():
+def test_measured_dram_and_l2_bytes_sit_near_the_predictions():
     for point in iomodel.MEASURED_NCU:
         lv = iomodel.levels(point["seqlen"], point["seqlen"], point["head_dim"], "float16", point["machine"],
                             batch=point["batch"], heads=point["heads"], block_q=128, block_k=64)
@@ -317,7 +317,7 @@ def test_the_measured_dram_and_l2_bytes_sit_near_the_l2_aware_and_two_level_pred
         assert point["kind"] == "measured" and point["date"]
 
 
-def test_k_and_v_stop_fitting_in_l2_with_long_sequences_many_heads_in_flight_or_a_small_l2():
+def test_k_and_v_stop_fitting_in_l2_when_long_many_or_small():
     assert not iomodel.levels(65536, 65536, 128, "float16", "h200", **H200).kv_fits_l2  # N
     crowded = iomodel.levels(8192, 8192, 128, "float16", "h200", concurrent_blocks=264 * 8, **H200)
     assert not crowded.kv_fits_l2 and crowded.heads_in_flight > 8  # heads in flight
@@ -332,7 +332,7 @@ def test_k_and_v_stop_fitting_in_l2_with_long_sequences_many_heads_in_flight_or_
     assert not npu.kv_fits_l2 and npu.hbm_bytes == npu.l2_bytes  # no cache: the two-level model is exact
 
 
-def test_heads_in_flight_follow_the_blocks_in_flight_and_the_query_tiles_per_head():
+def test_heads_in_flight_follow_blocks_and_query_tiles():
     lv = iomodel.levels(4096, 4096, 128, "float16", "h200", concurrent_blocks=64, **H200)
     assert lv.blocks_per_head == 32 and lv.heads_in_flight == 3  # 64 consecutive blocks span at most 3 heads
     one = iomodel.levels(4096, 4096, 128, "float16", "h200", concurrent_blocks=1, **H200)
@@ -343,7 +343,7 @@ def test_heads_in_flight_follow_the_blocks_in_flight_and_the_query_tiles_per_hea
         iomodel.levels(4096, 4096, 128, "float16", "h200", concurrent_blocks=0)
 
 
-def test_published_and_measured_speeds_beat_the_two_level_estimate_but_never_the_bound():
+def test_speeds_beat_the_two_level_estimate_never_the_bound():
     for point in roofline.ATTENTION_SPEEDS:
         lv = iomodel.levels(point["seqlen"], point["seqlen"], point["head_dim"], point["dtype"], point["machine"],
                             batch=point.get("batch", 2), heads=point.get("heads", 16), block_q=128, block_k=64)
@@ -362,7 +362,7 @@ def test_128x128_at_d128_spills_only_at_4_warps():
     assert eight.fits and eight.registers_per_thread <= 255  # 256 threads share the same bytes
 
 
-def test_fa2_keeps_one_k_and_v_buffer_and_o_in_registers_fa3_reads_q_from_shared_memory():
+def test_fa2_keeps_o_in_registers_fa3_reads_q_from_shared():
     fa2, fa3 = sram.PLACEMENT["fa2"], sram.PLACEMENT["fa3"]
     assert "registers" in fa2["O"] and "shared memory" in fa2["O"]  # accumulated in registers, leaves through smem
     assert "one buffer" in fa2["K"] and "one buffer" in fa2["V"] and "stages" not in fa2["pipelining"]

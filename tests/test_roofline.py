@@ -35,7 +35,7 @@ def test_every_figure_of_a_preset_carries_a_source_and_a_kind(key):
 @pytest.mark.parametrize("key, l2_mib, tf32", [
     ("h100_sxm", 50, 494.7), ("h200", 50, 494.7), ("a100_80gb", 40, 156), ("rtx_4090", 72, 82.6), ("l4", 48, 60),
 ])
-def test_every_gpu_preset_has_its_l2_size_and_its_dense_tf32_roof_with_sources(key, l2_mib, tf32):
+def test_every_gpu_preset_has_l2_and_dense_tf32_with_sources(key, l2_mib, tf32):
     hw = hardware.HARDWARE[key]
     assert float(hw.l2) == l2_mib * 1024 ** 2 and "L2" in hw.l2.source and hw.l2.kind == DATASHEET
     assert hw.peak("tf32") == pytest.approx(tf32 * TERA) and "TF32" in hw.peak_flops["tfloat32"].source
@@ -44,7 +44,7 @@ def test_every_gpu_preset_has_its_l2_size_and_its_dense_tf32_roof_with_sources(k
 
 
 @pytest.mark.parametrize("key", ["laptop_cpu", "edge_npu", "riscv_manycore"])
-def test_illustrative_presets_say_they_have_no_tf32_and_what_sits_between_sram_and_dram(key):
+def test_illustrative_presets_say_no_tf32_and_their_middle_level(key):
     hw = hardware.HARDWARE[key]
     assert hw.l2 is not None and hw.l2.kind == ILLUSTRATIVE
     assert hw.peak("tfloat32") == hw.peak("float32") and "no TF32" in hw.peak_flops["tfloat32"].source
@@ -82,13 +82,13 @@ def test_h200_measured_figures_are_kept_apart_from_its_datasheet():
 
 
 @pytest.mark.parametrize("key", ["laptop_cpu", "edge_npu", "riscv_manycore"])
-def test_class_typical_presets_say_they_are_illustrative_not_a_product(key):
+def test_class_typical_presets_say_they_are_illustrative(key):
     for name, fig in hardware.HARDWARE[key].figures().items():
         assert fig.kind == ILLUSTRATIVE, name
         assert "not a product datasheet" in fig.source
 
 
-def test_the_edge_npu_has_a_few_hundred_kib_of_sram_and_the_riscv_part_shares_sram_per_cluster():
+def test_edge_npu_has_hundreds_of_kib_riscv_shares_per_cluster():
     npu, rv = hardware.HARDWARE["edge_npu"], hardware.HARDWARE["riscv_manycore"]
     assert 128 * KiB <= float(npu.sram_per_unit) <= 1024 * KiB
     assert "DMA" in npu.sram_per_unit.source
@@ -102,7 +102,7 @@ def test_a_measured_figure_needs_a_date_and_a_known_kind():
         Figure(1.0, "B/s", "somewhere", "rumour")
 
 
-def test_ridge_is_peak_over_bandwidth_and_attainable_is_the_lower_roof():
+def test_ridge_is_peak_over_bandwidth_attainable_the_lower_roof():
     hw = hardware.HARDWARE["a100_80gb"]
     assert hw.ridge("float16") == pytest.approx(312e12 / 2.039e12)
     assert hw.attainable(10, "float16") == pytest.approx(10 * 2.039e12)  # memory roof
@@ -118,7 +118,7 @@ def test_a_dtype_without_its_own_peak_borrows_the_one_it_runs_at():
         hardware.HARDWARE["rtx_4090"].peak("float64")
 
 
-def test_hardware_lookup_by_key_or_name_and_a_clear_error_otherwise():
+def test_hardware_lookup_by_key_or_name_else_a_clear_error():
     assert hardware.hardware("l4") is hardware.hardware("NVIDIA L4")
     with pytest.raises(ValueError, match="presets"):
         hardware.hardware("tpu")
@@ -141,7 +141,7 @@ def fake_measurement(**changes):
     return measure.Measurement(**values)
 
 
-def test_measure_this_machine_gives_plausible_positive_finite_figures():
+def test_measure_this_machine_gives_plausible_finite_figures():
     m = measure.measure_this_machine(copy_mib=8, matmul_n=128, exp_n=1 << 16, repeats=1)
     for value in [m.bandwidth, m.exp_per_s, *m.flops.values()]:
         assert value > 0 and math.isfinite(value)
@@ -185,7 +185,7 @@ def test_this_machine_as_hardware_has_only_measured_figures():
     assert float(hw.sram_per_unit) == 2 * 1024 * 1024
 
 
-def test_plot_roofline_draws_one_roof_per_machine_and_every_point():
+def test_plot_roofline_draws_a_roof_per_machine_and_each_point():
     fig = roofline_plot.plot_roofline(["h100_sxm", "l4", fake_measurement()],
                                  points=[dict(intensity=30, flops=1e12, label="a"),
                                          dict(intensity=300, flops=2e12, label="b")])
@@ -238,7 +238,7 @@ def test_occupancy_reads_every_limit_from_the_preset():
     assert ada.limits["threads"] == 6 and ada.limits["blocks"] == 24
 
 
-def test_occupancy_gives_no_block_to_a_kernel_over_a_per_block_limit():
+def test_occupancy_gives_no_block_over_a_per_block_limit():
     big = hardware.occupancy("h100_sxm", 32, 228 * KiB, 128)
     assert big.blocks == 0 and big.over_block == ("shared memory",) and big.limiter == "shared memory"
     spills = hardware.occupancy("h100_sxm", 256, 1024, 128)

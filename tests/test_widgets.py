@@ -23,7 +23,7 @@ def tile_explorer():
 
 # -- the tile-size explorer --------------------------------------------------------
 
-def test_tile_size_explorer_is_an_ipywidgets_box_with_named_controls(tile_explorer):
+def test_tile_size_explorer_is_a_box_with_named_controls(tile_explorer):
     assert isinstance(tile_explorer, ipywidgets.VBox)
     assert set(tile_explorer.controls) == {"block_q", "block_k", "head_dim", "dtype", "hardware", "seqlen"}
     assert "tile-size-explorer" in tile_explorer._dom_classes
@@ -51,7 +51,7 @@ def test_moving_br_recomputes_the_budget_traffic_and_error(tile_explorer):
     assert f"{r.budget.total_bytes:,} B on chip" in tile_explorer.summary.value
 
 
-def test_a_tile_too_big_for_the_machine_shows_that_it_does_not_fit(tile_explorer):
+def test_a_tile_too_big_for_the_machine_shows_it_does_not_fit(tile_explorer):
     c = tile_explorer.controls
     with tile_explorer.batch():
         c["hardware"].value, c["head_dim"].value = "rtx_4090", 256
@@ -67,7 +67,7 @@ def test_a_tile_too_big_for_the_machine_shows_that_it_does_not_fit(tile_explorer
     assert r.occupancy.fits and r.occupancy.blocks_per_unit == 256 * 1024 // r.budget.total_bytes
 
 
-def test_float8_budgets_in_one_byte_and_runs_the_small_problem_in_bfloat16(tile_explorer):
+def test_float8_budgets_one_byte_runs_the_problem_in_bfloat16(tile_explorer):
     tile_explorer.controls["dtype"].value = "float8_e4m3fn"
     r = tile_explorer.result
     assert r.budget.dtype == "float8_e4m3fn" and r.run_dtype == "bfloat16" and r.within_tolerance
@@ -86,7 +86,7 @@ def test_tile_size_twin_draws_the_same_numbers_as_the_widget():
 
 # -- the roofline explorer ------------------------------------------------------------
 
-def test_roofline_explorer_places_naive_and_flash_where_the_models_say(measurement):
+def test_roofline_explorer_places_naive_and_flash_by_the_models(measurement):
     explorer = widgets.roofline_explorer(measurement=measurement)
     assert isinstance(explorer, ipywidgets.VBox)
     assert set(explorer.controls) == {"hardware", "seqlen", "head_dim", "dtype", "causal", "show"}
@@ -136,7 +136,7 @@ def test_roofline_numbers_rejects_an_unknown_view(measurement):
         widgets.roofline_numbers(show="all", measurement=measurement)
 
 
-def test_roofline_explorer_shows_the_l2_aware_bound_beside_the_two_level_estimate(measurement):
+def test_roofline_explorer_shows_l2_aware_and_two_level_bounds(measurement):
     r = widgets.roofline_numbers("h200", seqlen=8192, head_dim=128, dtype="float16", measurement=measurement)
     assert r.flash_levels == iomodel.levels(8192, 8192, 128, "float16", "h200", block_q=128, block_k=64)
     assert r.flash_hbm_bound == roofline.attention_bounds(r.flash_levels, "h200", "float16")["bound"]
@@ -155,7 +155,7 @@ def _bundle(box):
     return data[0] if isinstance(data, tuple) else data
 
 
-def test_every_explorer_carries_its_figure_as_a_png_for_readers_of_the_stored_notebook():
+def test_every_explorer_carries_its_figure_as_a_png():
     """nbviewer, GitHub and a notebook opened before it runs show outputs only: a figure, not 'Explorer(children=...'."""
     import base64
 
@@ -171,7 +171,7 @@ def test_every_explorer_carries_its_figure_as_a_png_for_readers_of_the_stored_no
         assert "application/vnd.jupyter.widget-view+json" in data, name  # live in JupyterLab, as before
 
 
-def test_the_tile_map_of_many_tiles_is_one_image_not_a_patch_per_tile():
+def test_a_tile_map_of_many_tiles_is_one_image():
     """1 x 1 tiles on 256 x 256 once drew 65,536 rectangles and locked the explorer for minutes."""
     from course_lib.views.tilemap import MAX_DRAWN_TILES, plot_tile_map
 
@@ -183,7 +183,7 @@ def test_the_tile_map_of_many_tiles_is_one_image_not_a_patch_per_tile():
     assert len(fig.axes[0].lines) == 2 * 3 and 4 <= MAX_DRAWN_TILES  # borders while they can be seen
 
 
-def test_the_tile_map_explorer_redraws_on_release_not_on_every_step_of_a_drag():
+def test_the_tile_map_explorer_redraws_on_release_not_on_drag():
     from course_lib.views.tilemap import tile_map_explorer
 
     box = tile_map_explorer()
