@@ -51,7 +51,8 @@ from ..core import rules
 SHARED, REGISTERS = "shared", "registers"
 ALWAYS, INNER, EPILOGUE = "always", "inner loop", "epilogue"
 REGISTER_OVERHEAD = 16  # registers per thread for indices, pointers, loop counters: a rough allowance
-REGISTER_GRANULE = 8  # registers are handed out per thread in multiples of 8 (256 per warp)
+# registers are handed out per warp in units of 256 on every GPU the presets hold: per thread, 8
+REGISTER_GRANULE = hardware.hardware("h200").register_allocation_unit // 32
 
 @dataclass(frozen=True)
 class Item:
