@@ -239,7 +239,12 @@ class Run:
         self.replay.append((ex.name, cells))
         self.names.update(names)
         for cell in cells:  # read here, from the submission's text: the sandbox is not asked
-            found = kernels.extract(cell)
+            try:
+                found = kernels.extract(cell)
+            except RecursionError:
+                found = kernels.Kernels(error="the cell is nested too deeply for the grader to read its kernels")
+            if found.error and (found.names or "cuda.jit" in cell):
+                return "fail", f"the grader cannot run this cell's kernels: {found.error}"
             if found.names:
                 self.kernels.update({name: found for name in found.names})
                 self.stop_kernels()  # the next kernel check starts it again, with these defined too
