@@ -151,6 +151,12 @@ def _submissions(course: Path, folder: Path, victim_pid: int) -> dict:
         "1.2": "import importlib\nfrom types import SimpleNamespace\nns = SimpleNamespace(a=1)\nassert vars(ns)\n"
                "def softmax(x):\n    e = np.exp(x - x.max(axis=-1, keepdims=True))\n    return e / e.sum(-1, keepdims=True)",
     })
+    # what a notebook accepts: display(...), numpy integers as slice bounds, a Fraction
+    subs["honest_numpy_types"] = _solution_with(course, {
+        "1.1": "def scores(q, k):\n    display(q.shape)\n"
+               "    return np.concatenate([q[i:i + np.int64(1)] @ k.T for i in np.arange(q.shape[0])])",
+        "1.3": "from fractions import Fraction\nn_bytes = Fraction(320, 2)\ndisplay(n_bytes)",
+    })
     subs["monkeypatch_numpy"] = _solution_with(course, {"1.2": "np.exp = lambda x: x\nnp.allclose = lambda *a, **k: True\n"
                                                                "def softmax(x):\n    return x"})
 
@@ -293,6 +299,11 @@ def test_a_partial_submission_scores_exactly_the_exercise_it_solved(batch):
 
 def test_a_seeded_rng_main_guard_vars_and_any_import_are_honest_work(batch):
     assert statuses(batch, "honest_odd") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
+
+
+def test_display_numpy_integer_slices_and_a_fraction_are_honest_work(batch):
+    assert statuses(batch, "honest_numpy_types") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}, \
+        reasons(batch, "honest_numpy_types")
 
 
 def test_edited_prose_is_not_tampering(batch):
@@ -745,6 +756,61 @@ def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
         session.exec(["import numpy as np"], timeout=60)
         assert session.exec([cell], timeout=120) == {"twice": "callable", "njit": "callable", "prange": "callable"}
         assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+class _Reader:
+    """A tile reader as sets 03 and 05 define them: slices only."""
+    __module__ = "__course__"
+
+    def __init__(self):
+        self.shape, self.rows = (10,), 0
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, rows):
+        if not isinstance(rows, slice):
+            raise TypeError("one tile at a time")
+        self.rows += len(range(*rows.indices(10)))
+        return np.arange(10.0)[rows]
+
+
+HONEST_TYPES = """from fractions import Fraction
+def tiles(x):
+    display(x.shape)
+    bounds = np.array_split(np.arange(len(x)), 3)
+    return np.concatenate([x[b[0]:b[-1] + 1] for b in bounds] + [x[j0:j0 + np.int64(2)] for j0 in np.arange(0, 4, 2)])
+label = np.str_("memory-bound")
+prediction = Fraction(3, 7)
+"""
+
+
+def test_numpy_integers_strings_fractions_and_display_cross_as_a_notebook_has_them():
+    from fractions import Fraction
+    reader = _Reader()
+    with sandbox.Session(sandbox.Limits()) as session:
+        session.exec(["import numpy as np"], timeout=60)
+        session.exec([HONEST_TYPES], timeout=60)
+        got = session.call("tiles", [reader], {}, timeout=60)
+        label, prediction = session.get("label", timeout=60), session.get("prediction", timeout=60)
+    assert got.tolist() == list(np.arange(10.0)) + [0.0, 1.0, 2.0, 3.0] and reader.rows == 14
+    assert type(label) is str and label == "memory-bound"
+    assert type(prediction) is Fraction and prediction == Fraction(3, 7)
+
+
+def test_a_compiled_answer_may_use_the_number_constants_of_the_course_cells():
+    """Set 08's course cell defines EMPTY, PARTIAL, FULL = 0, 1, 2; a kernel that names them runs
+    in the learner's notebook, and so in the sandbox."""
+    from course_lib.grading import names
+    setup = names.sandbox_setup(nf.read(nf.REPO / "exercises" / "08_numba_cpu.ipynb"))
+    assert "EMPTY, PARTIAL, FULL = 0, 1, 2" in setup[-1]
+    kernel = ("@numba.njit\ndef computed(tiles):\n    n = 0\n    for t in tiles.ravel():\n"
+              "        if t != EMPTY:\n            n += 1\n    return n")
+    with sandbox.Session(sandbox.Limits()) as session:
+        for cell in setup:
+            session.exec([cell], timeout=60)
+        session.exec([kernel], timeout=60)
+        assert session.call("computed", [np.array([[0, 1], [2, 0]], np.int8)], {}, timeout=120) == 2
 
 
 # -- what may cross from the answers into a check ------------------------------------------------

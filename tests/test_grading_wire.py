@@ -21,6 +21,7 @@ def roundtrip(value):
 @pytest.mark.parametrize("value", [
     None, True, 3, 2**80, -1.5, float("inf"), "text", (1, [2.0, "x"]), {"a": 1, 2: (None,)},
     np.float32(1.25), np.int8(-3), np.bool_(True), np.float32, np.dtype("float16"), ml_dtypes.bfloat16,
+    __import__("fractions").Fraction(-3, 7),
 ])
 def test_plain_values_cross_with_their_exact_type(value):
     back = roundtrip(value)
@@ -107,3 +108,9 @@ def test_a_check_asks_the_answers_only_for_names_it_reads_that_are_no_builtin_an
                 "def inner(v):\n    return isinstance(v, dict) and limit")
     check = nb.cells[-1].source
     assert names.asked_names(check, names.course_names(nb)) == {"squares", "n_bytes", "limit"}
+
+
+def test_numpy_strings_cross_as_str_and_numpy_integer_slice_bounds_as_ints():
+    assert type(roundtrip(np.str_("compute-bound"))) is str and roundtrip(np.str_("x")) == "x"
+    back = roundtrip(slice(np.int64(2), np.intp(8), np.int32(2)))
+    assert back == slice(2, 8, 2) and all(type(p) is int for p in (back.start, back.stop, back.step))
