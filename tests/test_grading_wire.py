@@ -66,14 +66,18 @@ def test_a_forged_value_is_refused_not_trusted(tree, buffers):
         wire.decode(tree, buffers)
 
 
-def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports():
+def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports_then_its_number_constants():
     plain = new_notebook(cells=[
-        new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.models.iomodel\nrng = 1",
+        new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.models.iomodel\n"
+                      "rng = np.random.default_rng(1)\nEMPTY, FULL = 0, 2\nN = 4\nN = len('abcd')\nTILE = 2 * FULL",
                       id="a"),
-        new_code_cell("x = 1", id="b", metadata={"tags": ["answer"], "course": {"exercise": "1.1"}})])
-    assert names.sandbox_setup(plain) == ["import math\nimport numpy as np"]
+        new_code_cell("x = 1", id="b", metadata={"tags": ["answer"], "course": {"exercise": "1.1"}}),
+        new_code_cell("checks.check_value('1.1', x, 1)\nSEEN = 3", id="c",
+                      metadata={"tags": ["check"], "course": {"exercise": "1.1", "points": 1}})])
+    constants = "EMPTY, FULL = 0, 2\nTILE = 2 * FULL"   # no generator, no N bound to a call, nothing of a check
+    assert names.sandbox_setup(plain) == ["import math\nimport numpy as np", constants]
     tagged = new_notebook(cells=[new_code_cell("import numpy as np", id="s", metadata={"tags": ["setup"]})] + plain.cells)
-    assert names.sandbox_setup(tagged) == ["import numpy as np"]
+    assert names.sandbox_setup(tagged) == ["import numpy as np", constants]
 
 
 def _cells(*sources):
