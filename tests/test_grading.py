@@ -711,6 +711,18 @@ def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inpu
     assert [r.status for r in fresh.rows[1:]] == ["pass", "pass"]
 
 
+def test_the_command_line_grades_on_fresh_inputs_unless_told_to_use_the_published_ones(course, tmp_path, capsys):
+    rng = np.random.default_rng(0)  # the synthetic set's setup cell
+    q, k = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    table = f"TABLE = np.array({(q @ k.T).tolist()!r})\ndef scores(q, k):\n    return TABLE"
+    path = nf.write(_solution_with(course, {"1.1": table}), tmp_path / "table.ipynb")
+    common = [str(path), "--course-root", str(course), "--timeout", str(TIMEOUT)]
+    assert cli.main(common) == 0
+    assert "graded 1 submission: 4 / 6 points in all" in capsys.readouterr().out
+    assert cli.main(common + ["--published-inputs"]) == 0
+    assert "graded 1 submission: 6 / 6 points in all" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("salt", [7919])  # 30 salts were tried by hand: every solution full marks
 def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
     results = pipeline.grade_all(REAL_SOLUTIONS, Course(nf.REPO), pipeline.Options(timeout=300, fresh_inputs=salt), jobs=2)

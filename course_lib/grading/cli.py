@@ -80,10 +80,10 @@ def main(argv=None) -> int:
                              "it for set 09)")
     parser.add_argument("--set", dest="exercise_set", metavar="NN_topic",
                         help="the exercise set, for files too broken to tell (default: the batch's)")
-    parser.add_argument("--fresh-inputs", action="store_true",
-                        help="draw the checks' random inputs from a secret salt, so that outputs copied for "
-                             "the notebook's own inputs are worth nothing (the cases stay the same; a learner's "
-                             "notebook then checked other values than the grader)")
+    parser.add_argument("--published-inputs", action="store_true",
+                        help="check on the notebook's own inputs, as the learner's check cells did; by default "
+                             "the checks' random inputs are drawn from a secret salt (the same cases, new values), "
+                             "so that outputs computed for the published inputs and pasted in are worth nothing")
     parser.add_argument("--trusted", action="store_true",
                         help="the submissions are trusted (your own work): where no sandbox is available, run "
                              "them in a plain subprocess instead of refusing")
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     if args.exercise_set and args.exercise_set not in course.paths:
         parser.error(f"--set {args.exercise_set}: not one of {', '.join(course.paths)}")
     options = Options(args.timeout, args.trusted, sandbox.Limits(memory_bytes=int(args.memory * 2**30),
-                                                                 processes=args.processes), args.fresh_inputs,
+                                                                 processes=args.processes), not args.published_inputs,
                       args.submission_timeout)
     try:
         results = grade_all(args.submissions, course, options, args.jobs)

@@ -91,7 +91,9 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT
     trusted: bool = False
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
-    fresh_inputs: bool | int = False  # draw the checks' random inputs from a secret salt (or this one)
+    # draw the checks' random inputs from a secret salt (True), or this salt (an int); False: the
+    # notebook's published inputs.  The command line grades with fresh inputs unless told otherwise.
+    fresh_inputs: bool | int = False
     submission_timeout: float | None = None  # seconds for all of a submission (default: timeout x (2 x checks + 2))
 
 
