@@ -15,10 +15,10 @@ On Linux the worker (``worker.py``) runs under bubblewrap:
   the per-user process limit is the sandbox's alone; any other user maps its
   uid to 65534 in a user namespace (there the process limit counts every
   process of the grader's user);
-- limits on address space, CPU seconds, processes, file size; the grader
-  watches the sandbox's processes while it waits for a reply and ends it when
-  all of them together hold more memory, or more processes and threads, than
-  its limits; it bounds every message it reads and the time of every request,
+- limits on address space, CPU seconds, processes, file size; a thread of the
+  grader's watches the sandbox's processes for as long as it lives and ends it
+  when all of them together hold more memory, or more processes and threads,
+  than its limits; it bounds every message it reads and the time of every request,
   however fast the data comes;
 - its output goes nowhere: no file of the grader's fills, nothing stays.
 
@@ -28,6 +28,7 @@ replies: it kills only the process it started, by its own handle.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import fcntl
 import os
 import resource
@@ -36,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +47,7 @@ from . import wire
 HERE = Path(__file__).resolve().parent
 SANDBOX_UID = 65534                        # inside a user namespace (a grader that is not root)
 SANDBOX_UIDS = range(910_000, 914_096)     # a grader running as root: one per sandbox running at once
-WATCH_SECONDS = 0.2                        # how often the grader looks at a sandbox's processes
+WATCH_SECONDS = 0.25                       # how often the grader looks at a sandbox's processes
 
 
 @dataclass
@@ -183,7 +185,8 @@ class Session:
         self.userns = os.geteuid() != 0 if userns is None else userns
         self.uid, self._uid_lock = None, None
         self.seen = {"memory": 0, "threads": 0}   # the most the watch saw the sandbox's processes hold
-        self._next_watch = 0.0
+        self._over = ""                            # why the watch ended the sandbox
+        self._closed = threading.Event()
         to_worker_r, self._to_worker = os.pipe()
         self._from_worker, from_worker_w = os.pipe()
         try:
@@ -211,6 +214,7 @@ class Session:
         self._buffer = bytearray()
         self._seq = 0
         self._instruments = []
+        threading.Thread(target=self._watch, name="sandbox watch", daemon=True).start()
 
     def _child_limits(self):
         limits = self.limits
@@ -230,22 +234,22 @@ class Session:
     # -- the watch: every process of the sandbox, together ----------------------------------
 
     def _watch(self):
-        """End the sandbox (``Died``) when its processes together hold more memory, or more processes
-        and threads, than its limits; looked at every ``WATCH_SECONDS`` while the grader waits."""
-        now = time.monotonic()
-        if now < self._next_watch:
-            return
-        self._next_watch = now + WATCH_SECONDS
-        memory, threads = _tree_usage(self.proc.pid)
-        self.seen["memory"], self.seen["threads"] = max(self.seen["memory"], memory), max(self.seen["threads"], threads)
-        if memory > self.limits.memory_bytes:
-            self._kill()
-            raise Died(f"its processes held {memory / 2**30:.1f} GB together, over the sandbox's limit of "
-                       f"{self.limits.memory_bytes / 2**30:g} GB (--memory)")
-        if threads > self.limits.processes + 4:   # bwrap's own processes besides the sandbox's
-            self._kill()
-            raise Died(f"it ran {threads} processes and threads, over the sandbox's limit of "
-                       f"{self.limits.processes} (--processes)")
+        """Every ``WATCH_SECONDS``, in a thread of the grader's, for as long as the sandbox lives, even
+        while the grader is busy with a check: end the sandbox when its processes together hold more
+        memory, or more processes and threads, than its limits (the next request says why)."""
+        while not self._closed.wait(WATCH_SECONDS) and self.proc.poll() is None:
+            memory, threads = _tree_usage(self.proc.pid)
+            self.seen["memory"], self.seen["threads"] = max(self.seen["memory"], memory), max(self.seen["threads"], threads)
+            if memory > self.limits.memory_bytes:
+                self._over = (f"its processes held {memory / 2**30:.1f} GB together, over the sandbox's limit of "
+                              f"{self.limits.memory_bytes / 2**30:g} GB (--memory)")
+            elif threads > self.limits.processes + 4:   # bwrap's own processes besides the sandbox's
+                self._over = (f"it ran {threads} processes and threads, over the sandbox's limit of "
+                              f"{self.limits.processes} (--processes)")
+            if self._over:
+                with contextlib.suppress(OSError):
+                    self.proc.kill()  # our own child, by our own handle
+                return
 
     def _kill(self):
         if self.proc.poll() is None:
@@ -260,6 +264,8 @@ class Session:
 
     def _died(self):
         """``Died`` with what is known of why the worker ended."""
+        if self._over:
+            return Died(self._over)
         try:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -283,7 +289,9 @@ class Session:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout()
-            self._watch()
+            if self._over:
+                self._kill()
+                raise Died(self._over)
             fds = [self._from_worker] if readable else [self._to_worker]
             ready = select.select(fds, [], [], min(left, WATCH_SECONDS)) if readable else \
                 select.select([], fds, [], min(left, WATCH_SECONDS))
@@ -417,6 +425,7 @@ class Session:
 
     def close(self):
         """End the worker and everything it started (its PID namespace dies with it)."""
+        self._closed.set()
         for fd in (self._to_worker, self._from_worker):
             try:
                 os.close(fd)
