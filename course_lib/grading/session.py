@@ -138,6 +138,7 @@ class Run:
         self.begin = time.monotonic()
         self.end = self.begin + (submission_timeout or timeout * (2 * n + 2))
         self._deadlines = []      # (monotonic time, reason) of the deadlines armed, innermost last
+        self._quiet = 0           # > 0 while a sandbox starts or ends: the alarm waits
 
     # -- time --------------------------------------------------------------------------------
 
@@ -192,7 +193,20 @@ class Run:
         until = min(t for t, _ in self._deadlines) + ALARM_GRACE
         signal.setitimer(signal.ITIMER_REAL, max(0.001, until - time.monotonic()))
 
+    @contextlib.contextmanager
+    def no_alarm(self):
+        """Starting or ending a sandbox is never cut in half (a process or its uid left behind): a
+        deadline that passes meanwhile stops what runs right after."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+
     def _alarm(self, signum, frame):
+        if self._quiet:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
         now = time.monotonic()
         passed = [(t, reason) for t, reason in self._deadlines if t + ALARM_GRACE <= now + 0.001]
         if not passed:   # early by a hair: wait for the rest
@@ -234,7 +248,8 @@ class Run:
     def start(self):
         """A fresh sandbox with the setup and the answers so far; one that now hangs or dies is dropped."""
         while True:
-            self.session = sandbox.Session(self.limits, trusted=self.trusted)
+            with self.no_alarm():
+                self.session = sandbox.Session(self.limits, trusted=self.trusted)
             self.session.exec(self.setup, label="setup", timeout=self.left(max(60.0, self.timeout)))
             for label, cells in self.replay:
                 try:
@@ -258,12 +273,14 @@ class Run:
 
     def stop(self):
         if self.session is not None:
-            self.session.close()
+            with self.no_alarm():
+                self.session.close()
             self.session = None
 
     def stop_kernels(self):
         if self.kernel_session is not None:
-            self.kernel_session.close()
+            with self.no_alarm():
+                self.kernel_session.close()
             self.kernel_session = None
 
     def close(self):
@@ -339,7 +356,8 @@ class Run:
         encoded = kernels.encode_args(args)
         with self.answering(f"cudacheck on {name}", self.check_limit, kernel=True):
             if self.kernel_session is None:
-                self.kernel_session = sandbox.Session(self.limits, trusted=self.trusted, kernels=True)
+                with self.no_alarm():
+                    self.kernel_session = sandbox.Session(self.limits, trusted=self.trusted, kernels=True)
                 for found in {id(k): k for k in self.kernels.values()}.values():
                     if not any(found.problems.values()):  # only source that passed every rule is defined
                         self.kernel_session.define(found.source, found.names, timeout=left)
