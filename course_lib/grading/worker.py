@@ -42,7 +42,7 @@ except ImportError:  # run as a script in the sandbox: wire.py lies beside it, n
 
 IN = OUT = CELLS = None  # the channel and a folder for the cells, made by serve()
 def display(*objs, **kwargs):
-    """IPython's ``display`` in a notebook; here it prints, to the sandbox's log."""
+    """IPython's ``display`` in a notebook; here it prints (the sandbox's output goes nowhere)."""
     print(*objs)
 
 
