@@ -151,6 +151,12 @@ def _submissions(course: Path, folder: Path, victim_pid: int) -> dict:
         "1.2": "import importlib\nfrom types import SimpleNamespace\nns = SimpleNamespace(a=1)\nassert vars(ns)\n"
                "def softmax(x):\n    e = np.exp(x - x.max(axis=-1, keepdims=True))\n    return e / e.sum(-1, keepdims=True)",
     })
+    # what a notebook accepts: display(...), numpy integers as slice bounds, a Fraction
+    subs["honest_numpy_types"] = _solution_with(course, {
+        "1.1": "def scores(q, k):\n    display(q.shape)\n"
+               "    return np.concatenate([q[i:i + np.int64(1)] @ k.T for i in np.arange(q.shape[0])])",
+        "1.3": "from fractions import Fraction\nn_bytes = Fraction(320, 2)\ndisplay(n_bytes)",
+    })
     subs["monkeypatch_numpy"] = _solution_with(course, {"1.2": "np.exp = lambda x: x\nnp.allclose = lambda *a, **k: True\n"
                                                                "def softmax(x):\n    return x"})
 
@@ -293,6 +299,11 @@ def test_a_partial_submission_scores_exactly_the_exercise_it_solved(batch):
 
 def test_a_seeded_rng_main_guard_vars_and_any_import_are_honest_work(batch):
     assert statuses(batch, "honest_odd") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
+
+
+def test_display_numpy_integer_slices_and_a_fraction_are_honest_work(batch):
+    assert statuses(batch, "honest_numpy_types") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}, \
+        reasons(batch, "honest_numpy_types")
 
 
 def test_edited_prose_is_not_tampering(batch):
@@ -679,7 +690,8 @@ def test_the_sandbox_is_unprivileged_read_only_offline_and_sees_no_course(userns
     with sandbox.Session(sandbox.Limits(), userns=userns) as session:
         session.exec([PROBE], timeout=60)
         seen = session.get("seen", timeout=60)
-    assert seen["uid"] == sandbox.SANDBOX_UID and seen["pid"] < 10  # its own PID namespace
+    assert seen["uid"] in ([sandbox.SANDBOX_UID] if userns else sandbox.SANDBOX_UIDS)   # as root: a uid of its own
+    assert seen["pid"] < 10  # its own PID namespace
     assert seen["course_lib"] is None and seen["net"] is False
     assert not [k for k, v in seen.items() if v == "written"]
     assert set(seen["root"]) <= {"bin", "dev", "etc", "grader", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
@@ -697,6 +709,18 @@ def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inpu
     fresh = pipeline.grade(path, Course(course), pipeline.Options(timeout=TIMEOUT, fresh_inputs=12345))
     assert same.rows[0].status == "pass" and fresh.rows[0].status == "fail"
     assert [r.status for r in fresh.rows[1:]] == ["pass", "pass"]
+
+
+def test_the_command_line_grades_on_fresh_inputs_unless_told_to_use_the_published_ones(course, tmp_path, capsys):
+    rng = np.random.default_rng(0)  # the synthetic set's setup cell
+    q, k = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    table = f"TABLE = np.array({(q @ k.T).tolist()!r})\ndef scores(q, k):\n    return TABLE"
+    path = nf.write(_solution_with(course, {"1.1": table}), tmp_path / "table.ipynb")
+    common = [str(path), "--course-root", str(course), "--timeout", str(TIMEOUT)]
+    assert cli.main(common) == 0
+    assert "graded 1 submission: 4 / 6 points in all" in capsys.readouterr().out
+    assert cli.main(common + ["--published-inputs"]) == 0
+    assert "graded 1 submission: 6 / 6 points in all" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("salt", [7919])  # 30 salts were tried by hand: every solution full marks
@@ -747,6 +771,61 @@ def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
         assert session.call("twice", [np.arange(4.0)], {}, timeout=120).tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
+class _Reader:
+    """A tile reader as sets 03 and 05 define them: slices only."""
+    __module__ = "__course__"
+
+    def __init__(self):
+        self.shape, self.rows = (10,), 0
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, rows):
+        if not isinstance(rows, slice):
+            raise TypeError("one tile at a time")
+        self.rows += len(range(*rows.indices(10)))
+        return np.arange(10.0)[rows]
+
+
+HONEST_TYPES = """from fractions import Fraction
+def tiles(x):
+    display(x.shape)
+    bounds = np.array_split(np.arange(len(x)), 3)
+    return np.concatenate([x[b[0]:b[-1] + 1] for b in bounds] + [x[j0:j0 + np.int64(2)] for j0 in np.arange(0, 4, 2)])
+label = np.str_("memory-bound")
+prediction = Fraction(3, 7)
+"""
+
+
+def test_numpy_integers_strings_fractions_and_display_cross_as_a_notebook_has_them():
+    from fractions import Fraction
+    reader = _Reader()
+    with sandbox.Session(sandbox.Limits()) as session:
+        session.exec(["import numpy as np"], timeout=60)
+        session.exec([HONEST_TYPES], timeout=60)
+        got = session.call("tiles", [reader], {}, timeout=60)
+        label, prediction = session.get("label", timeout=60), session.get("prediction", timeout=60)
+    assert got.tolist() == list(np.arange(10.0)) + [0.0, 1.0, 2.0, 3.0] and reader.rows == 14
+    assert type(label) is str and label == "memory-bound"
+    assert type(prediction) is Fraction and prediction == Fraction(3, 7)
+
+
+def test_a_compiled_answer_may_use_the_number_constants_of_the_course_cells():
+    """Set 08's course cell defines EMPTY, PARTIAL, FULL = 0, 1, 2; a kernel that names them runs
+    in the learner's notebook, and so in the sandbox."""
+    from course_lib.grading import names
+    setup = names.sandbox_setup(nf.read(nf.REPO / "exercises" / "08_numba_cpu.ipynb"))
+    assert "EMPTY, PARTIAL, FULL = 0, 1, 2" in setup[-1]
+    kernel = ("@numba.njit\ndef computed(tiles):\n    n = 0\n    for t in tiles.ravel():\n"
+              "        if t != EMPTY:\n            n += 1\n    return n")
+    with sandbox.Session(sandbox.Limits()) as session:
+        for cell in setup:
+            session.exec([cell], timeout=60)
+        session.exec([kernel], timeout=60)
+        assert session.call("computed", [np.array([[0, 1], [2, 0]], np.int8)], {}, timeout=120) == 2
+
+
 # -- what may cross from the answers into a check ------------------------------------------------
 
 BUILTINS_SET = "91_builtins"
@@ -792,3 +871,160 @@ def test_an_answer_that_defines_builtins_does_not_change_the_checks_builtins(tmp
     results = pipeline.grade_all(paths, Course(root), pipeline.Options(timeout=TIMEOUT), jobs=2)
     assert [r.rows[0].status for r in results] == ["pass", "fail", "pass"], \
         "\n".join(cli.format_result(r) for r in results)
+
+
+# -- denial of service: each fails fast, with its reason, and costs only its own submission --------
+
+LOOPS_SET = "92_loops"
+
+
+def _loops_solution():
+    """Two exercises; 1.1's check loops as many times as the answer says, in the grader."""
+    def meta(exercise, tags, **course):
+        return {"tags": tags, "course": dict(course, exercise=exercise)}
+
+    return new_notebook(cells=[
+        new_markdown_cell("# Counting\nWrite `count()` and `two()`.", id="title"),
+        new_code_cell("import numpy as np\nfrom course_lib import checks", id="setup"),
+        new_code_cell("def count():\n    ### BEGIN SOLUTION\n    return 3\n    ### END SOLUTION",
+                      id="ex11-answer", metadata=meta("1.1", ["answer", "nbval-ignore-output"])),
+        new_code_cell("total = 0\nfor i in range(min(count(), 10**15)):\n    total += 1\n"
+                      'checks.check_value("1.1 count", total, 3, rtol=0)',
+                      id="ex11-check", metadata=meta("1.1", ["check"], points=1)),
+        new_code_cell("def two():\n    ### BEGIN SOLUTION\n    return 2\n    ### END SOLUTION",
+                      id="ex12-answer", metadata=meta("1.2", ["answer", "nbval-ignore-output"])),
+        new_code_cell('checks.check_value("1.2 two", two(), 2, rtol=0)',
+                      id="ex12-check", metadata=meta("1.2", ["check"], points=1)),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                 "course": {"chapter": "92", "kind": "solution", "exercise_set": LOOPS_SET}})
+
+
+@pytest.fixture(scope="module")
+def loops(tmp_path_factory):
+    root = nf.make_course(tmp_path_factory.mktemp("loops"), {LOOPS_SET: _loops_solution()})
+    solution = nf.read(root / "solutions" / f"{LOOPS_SET}.ipynb")
+    looping = _set_answer(copy.deepcopy(solution), "1.1", "def count():\n    return 10**15")
+    folder = tmp_path_factory.mktemp("loops-submissions")
+    paths = [nf.write(nb, folder / f"{name}.ipynb") for name, nb in (("solution", solution), ("looping", looping))]
+    return root, paths
+
+
+def test_a_check_cells_own_loop_stops_at_the_checks_deadline(loops):
+    """The check runs in the grader; an answer that makes its loop endless costs that check's time."""
+    root, paths = loops
+    start = time.monotonic()
+    solution, looping = pipeline.grade_all(paths, Course(root), pipeline.Options(timeout=3), jobs=2)
+    assert time.monotonic() - start < 60
+    assert [r.status for r in solution.rows] == ["pass", "pass"]
+    assert [(r.status, r.reason) for r in looping.rows] == [("timeout", "the check ran longer than 3 s"), ("pass", "")]
+
+
+def test_a_submission_stops_at_its_own_deadline_and_the_others_keep_their_marks(loops):
+    root, paths = loops
+    solution, looping = pipeline.grade_all(paths, Course(root), pipeline.Options(timeout=30, submission_timeout=4),
+                                           jobs=2)
+    assert solution.total == (2, 2)
+    assert [r.status for r in looping.rows] == ["timeout", "timeout"]
+    assert all("the submission ran past its 4 s in all" in r.reason for r in looping.rows), looping.rows
+
+
+FLOOD = """import json, os, struct, sys
+def flood():
+    fd = int(sys.argv[2])
+    header = json.dumps({"seq": 2, "ok": True, "value": None, "sizes": [250 * 2**20]}).encode()
+    os.write(fd, struct.pack("!Q", len(header)) + header)
+    chunk = bytes(2**20)
+    while True:
+        os.write(fd, chunk)
+"""
+
+
+def test_a_reply_whose_data_keeps_arriving_still_stops_at_its_deadline():
+    with sandbox.Session(sandbox.Limits()) as session:
+        session.exec([FLOOD], timeout=60)
+        start = time.monotonic()
+        try:
+            session.call("flood", [], {}, timeout=2)
+        except (sandbox.Timeout, sandbox.wire.WireError):
+            pass
+        assert time.monotonic() - start < 20   # 250 MB read at the speed of a pipe; before, over 200 s
+
+
+HOG = """import os, time
+def hog(wait):
+    for _ in range(3):
+        if os.fork() == 0:
+            block = np.ones(50 * 10**6)   # 400 MB each, written
+            time.sleep(20)
+            os._exit(0)
+    time.sleep(wait)
+    return 0
+"""
+
+
+@pytest.mark.parametrize("wait", [20, 0], ids=["while-the-grader-waits", "while-the-grader-runs-a-check"])
+def test_the_memory_of_all_a_sandboxs_processes_together_is_limited(wait):
+    with sandbox.Session(sandbox.Limits(memory_bytes=2**30)) as session:
+        session.exec(["import numpy as np", HOG], timeout=60)
+        start = time.monotonic()
+        with pytest.raises(sandbox.Died, match=r"held \d+\.\d GB together, over the sandbox's limit of 1 GB \(--memory\)"):
+            session.call("hog", [wait], {}, timeout=60)
+            time.sleep(5)   # the grader's own work: no request to the sandbox
+            session.call("hog", [0], {}, timeout=60)
+        assert time.monotonic() - start < 15
+
+
+THREADS = """import threading
+hold = threading.Event()
+def start(n):
+    threads = [threading.Thread(target=hold.wait, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return n
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid per sandbox needs a grader running as root")
+def test_each_sandbox_has_a_process_limit_of_its_own_and_the_reason_names_it():
+    from course_lib.grading import session as grading_session
+    limits = sandbox.Limits(processes=48)
+    with sandbox.Session(limits) as greedy, sandbox.Session(limits) as other:
+        for s in (greedy, other):
+            s.exec([THREADS], timeout=60)
+        assert greedy.call("start", [36], {}, timeout=60) == 36    # held while the other one works
+        assert other.call("start", [36], {}, timeout=60) == 36
+        with pytest.raises(sandbox.AnswerRaised) as raised:
+            greedy.call("start", [36], {}, timeout=60)
+    status, reason = grading_session.answer_outcome(raised.value.error, "answer")
+    assert status == "error" and "can't start new thread" in reason and "--processes" in reason
+
+
+def test_the_sandbox_leaves_no_file_of_its_output_behind(tmp_path, monkeypatch):
+    """Its output went to a log in the grader's /tmp, which a killed grader left there, up to 64 MiB."""
+    import tempfile
+    from course_lib.grading import session as grading_session
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    nb = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    run = grading_session.Run(nb, {}, sandbox.Limits(), 30, trusted=False)
+    try:
+        run.start()
+        run.session.exec(["import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 10**5)"], timeout=60)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        run.close()
+
+
+def test_a_fifo_named_like_a_notebook_is_invalid_at_once_and_the_batch_goes_on(course, tmp_path):
+    import threading
+    fifo = tmp_path / "pipe.ipynb"
+    os.mkfifo(fifo)
+    solution = course / "solutions" / f"{nf.SYNTHETIC}.ipynb"
+    results = []
+    worker = threading.Thread(target=lambda: results.extend(
+        pipeline.grade_all([fifo, solution], Course(course), pipeline.Options(timeout=TIMEOUT))), daemon=True)
+    worker.start()
+    worker.join(120)
+    assert results, "the grader waited on the FIFO"
+    assert [(r.status, r.reason) for r in results[0].rows] == [("invalid", "not a notebook: not a regular file "
+                                                                           "(a pipe, a device or a folder)")]
+    assert results[1].total == (6, 6)

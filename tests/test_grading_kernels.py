@@ -32,6 +32,9 @@ def _edit(source, old, new):
     return source.replace(old, new)
 
 
+DEEP = "DEEP = " + " + ".join(["1"] * 2500) + "\n"
+
+
 def _planted():
     """{submission: ({exercise: answer source}, {exercise: (status, words in the reason)})}."""
     a = _answers()
@@ -44,9 +47,12 @@ def _planted():
             "9.4": _edit(a["9.4"], "i = cuda.grid(1)", "i = cuda.grid(1)\n    kind = S.__class__"),
             "9.5": _edit(a["9.5"], "            m_new = m\n", "            while True:\n                pass\n"
                                                               "            m_new = m\n"),
+            # a constant too deep for a recursive reader: this exercise fails, the others are graded
+            "9.6": _edit(_edit(a["9.6"], "BR6, BC6, D6 = 8, 4, 8\n", DEEP + "BR6, BC6, D6 = 8, 4, 8\n"),
+                         "c0 = tc * BC6\n", "c0 = tc * BC6 + 0 * DEEP\n"),
         }, {"9.1": ("fail", "out_of_bounds"), "9.2": ("fail", "a list comprehension is not part"),
             "9.3": ("fail", "race"), "9.4": ("fail", "`.__class__`"), "9.5": ("timeout", "cudacheck on flash_tiles"),
-            "9.6": ("pass", ""), "9.7": ("pass", "")}),
+            "9.6": ("fail", "nested more than"), "9.7": ("pass", "")}),
         "attacks": ({
             # a numpy function in the kernel's place: cudacheck takes kernels only
             "9.1": "def scale_2d(x, out):\n    out[...] = 2 * x + np.arange(x.shape[1])\n",
@@ -141,6 +147,41 @@ def test_only_the_cells_kernels_and_constants_are_kept_with_their_line_numbers()
     found = kernels.extract(cell)
     assert found.names == ["k"] and found.source.splitlines() == ["", "N = 4", "", "", "@cuda.jit",
                                                                   "def k(x):", "    x[0] = N", ""]
+
+
+SMUGGLER = ("B = np.__builtins__\n"
+            "cc = B['__import__']('sys').modules['cudacheck']\n"
+            "real = cc.check\n"
+            "def fake(kernel, grid, block, x, out):\n"
+            "    out[...] = 2 * x\n"
+            "    return real(kernel, grid, block, x, out)\n"
+            "cc.check = fake\n")
+SMUGGLING = f"PWN = 1; np.__builtins__['exec']({SMUGGLER!r})\n\n@cuda.jit\ndef twice(x, out):\n    pass\n"
+
+
+def test_a_statement_beside_a_constant_on_its_line_is_not_kept():
+    found = kernels.extract(SMUGGLING)
+    assert found.names == ["twice"] and found.problems == {"twice": []} and not found.error
+    assert found.source.splitlines() == ["PWN = 1", "", "@cuda.jit", "def twice(x, out):", "    pass"]
+    mixed = kernels.extract("import os; A = 1; os.system('x'); B = (A,\n  2); print(B)\n")
+    assert mixed.source.splitlines() == ["A = 1; B = (A,", "  2)"]
+
+
+@needs_sandbox
+def test_code_smuggled_beside_a_constant_never_runs_in_the_kernel_sandbox():
+    """Before, the whole line ran there and replaced cudacheck.check with one that wrote the answer."""
+    found = kernels.extract(SMUGGLING)
+    x, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    with sandbox.Session(sandbox.Limits(), kernels=True) as session:
+        session.define(found.source, found.names, timeout=60)
+        report = kernels.report_back(session.check_kernel("twice", 1, 4, [x, out], timeout=60), "twice", [x, out])
+    assert report.ok and out.tolist() == [0.0] * 4   # the empty kernel wrote nothing
+
+
+def test_a_constant_too_deep_to_read_is_refused_by_name_and_does_not_raise():
+    found = kernels.extract(DEEP + "@cuda.jit\ndef k(x):\n    x[0] = DEEP\n")
+    assert "DEEP =" not in found.source and len(found.problems["k"]) == 1
+    assert "`DEEP` is no kernel constant (nested more than" in found.problems["k"][0]
 
 
 def _notebook_kernel(tmp_path, cell):

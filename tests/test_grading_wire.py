@@ -21,6 +21,7 @@ def roundtrip(value):
 @pytest.mark.parametrize("value", [
     None, True, 3, 2**80, -1.5, float("inf"), "text", (1, [2.0, "x"]), {"a": 1, 2: (None,)},
     np.float32(1.25), np.int8(-3), np.bool_(True), np.float32, np.dtype("float16"), ml_dtypes.bfloat16,
+    __import__("fractions").Fraction(-3, 7),
 ])
 def test_plain_values_cross_with_their_exact_type(value):
     back = roundtrip(value)
@@ -65,14 +66,18 @@ def test_a_forged_value_is_refused_not_trusted(tree, buffers):
         wire.decode(tree, buffers)
 
 
-def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports():
+def test_the_sandbox_runs_the_setup_cells_or_else_the_courses_plain_imports_then_its_number_constants():
     plain = new_notebook(cells=[
-        new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.models.iomodel\nrng = 1",
+        new_code_cell("import math\nimport numpy as np\nfrom course_lib import checks\nimport course_lib.models.iomodel\n"
+                      "rng = np.random.default_rng(1)\nEMPTY, FULL = 0, 2\nN = 4\nN = len('abcd')\nTILE = 2 * FULL",
                       id="a"),
-        new_code_cell("x = 1", id="b", metadata={"tags": ["answer"], "course": {"exercise": "1.1"}})])
-    assert names.sandbox_setup(plain) == ["import math\nimport numpy as np"]
+        new_code_cell("x = 1", id="b", metadata={"tags": ["answer"], "course": {"exercise": "1.1"}}),
+        new_code_cell("checks.check_value('1.1', x, 1)\nSEEN = 3", id="c",
+                      metadata={"tags": ["check"], "course": {"exercise": "1.1", "points": 1}})])
+    constants = "EMPTY, FULL = 0, 2\nTILE = 2 * FULL"   # no generator, no N bound to a call, nothing of a check
+    assert names.sandbox_setup(plain) == ["import math\nimport numpy as np", constants]
     tagged = new_notebook(cells=[new_code_cell("import numpy as np", id="s", metadata={"tags": ["setup"]})] + plain.cells)
-    assert names.sandbox_setup(tagged) == ["import numpy as np"]
+    assert names.sandbox_setup(tagged) == ["import numpy as np", constants]
 
 
 def _cells(*sources):
@@ -107,3 +112,9 @@ def test_a_check_asks_the_answers_only_for_names_it_reads_that_are_no_builtin_an
                 "def inner(v):\n    return isinstance(v, dict) and limit")
     check = nb.cells[-1].source
     assert names.asked_names(check, names.course_names(nb)) == {"squares", "n_bytes", "limit"}
+
+
+def test_numpy_strings_cross_as_str_and_numpy_integer_slice_bounds_as_ints():
+    assert type(roundtrip(np.str_("compute-bound"))) is str and roundtrip(np.str_("x")) == "x"
+    back = roundtrip(slice(np.int64(2), np.intp(8), np.int32(2)))
+    assert back == slice(2, 8, 2) and all(type(p) is int for p in (back.start, back.stop, back.step))

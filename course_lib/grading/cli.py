@@ -65,19 +65,25 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help="time limit for each exercise's answer cells, and again for its check "
                              "(default %(default)s)")
+    parser.add_argument("--submission-timeout", type=float, metavar="SECONDS",
+                        help="time limit for all of one submission, the grader's own work on it included "
+                             "(default: the timeout x (2 x the set's checks + 2)); what is left then scores timeout")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="grade N submissions at a time, each in its own sandbox (default 1)")
     parser.add_argument("--memory", type=float, default=4, metavar="GB",
-                        help="address space each sandboxed process may use (default %(default)s GB)")
+                        help="memory each sandbox may use: the address space of each of its processes, and "
+                             "the resident memory of all of them together (default %(default)s GB)")
     parser.add_argument("--processes", type=int, default=sandbox.Limits.processes, metavar="N",
-                        help="processes and threads the sandbox may run (default %(default)s; the CUDA "
-                             "simulator runs a thread per CUDA thread: raise it for set 09)")
+                        help="processes and threads each sandbox may run (default %(default)s; a grader running "
+                             "as root gives each sandbox a uid of its own, so one submission's threads never "
+                             "count against another's; the CUDA simulator runs a thread per CUDA thread: raise "
+                             "it for set 09)")
     parser.add_argument("--set", dest="exercise_set", metavar="NN_topic",
                         help="the exercise set, for files too broken to tell (default: the batch's)")
-    parser.add_argument("--fresh-inputs", action="store_true",
-                        help="draw the checks' random inputs from a secret salt, so that outputs copied for "
-                             "the notebook's own inputs are worth nothing (the cases stay the same; a learner's "
-                             "notebook then checked other values than the grader)")
+    parser.add_argument("--published-inputs", action="store_true",
+                        help="check on the notebook's own inputs, as the learner's check cells did; by default "
+                             "the checks' random inputs are drawn from a secret salt (the same cases, new values), "
+                             "so that outputs computed for the published inputs and pasted in are worth nothing")
     parser.add_argument("--trusted", action="store_true",
                         help="the submissions are trusted (your own work): where no sandbox is available, run "
                              "them in a plain subprocess instead of refusing")
@@ -87,6 +93,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("--timeout must be a positive number of seconds")
+    if args.submission_timeout is not None and args.submission_timeout <= 0:
+        parser.error("--submission-timeout must be a positive number of seconds")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.memory <= 0:
@@ -99,7 +107,8 @@ def main(argv=None) -> int:
     if args.exercise_set and args.exercise_set not in course.paths:
         parser.error(f"--set {args.exercise_set}: not one of {', '.join(course.paths)}")
     options = Options(args.timeout, args.trusted, sandbox.Limits(memory_bytes=int(args.memory * 2**30),
-                                                                 processes=args.processes), args.fresh_inputs)
+                                                                 processes=args.processes), not args.published_inputs,
+                      args.submission_timeout)
     try:
         results = grade_all(args.submissions, course, options, args.jobs)
     except NoSandbox as exc:

@@ -5,8 +5,10 @@ code, not plain data: it cannot come back from the answer's sandbox, and a cudac
 running there, beside the answer's other code, could be patched to say anything.  So
 the grader takes the kernel from the one thing it trusts, the *text* of the answer cell:
 
-1. ``extract`` reads the cell here and keeps only its ``@cuda.jit`` functions and the
-   constants they use (``BC, D = 16, 8``); nothing else of the cell is kept.
+1. ``extract`` parses the cell here and keeps only its top-level ``@cuda.jit`` functions and
+   constant assignments (``BC, D = 16, 8``), each as the exact text of that one statement: a
+   statement beside a constant on its line (``N = 4; exec(...)``) is not kept, and the kept
+   source must parse back to exactly the kept statements.  Nothing else of the cell is kept.
 2. ``problems`` holds each function to the part of Python that numba.cuda compiles, and
    narrower: arithmetic, ``if`` / ``for ... in range`` / ``while``, indexing, and as names
    only its arguments and locals, the cell's constants and kernels, ``cuda``, ``math``,
@@ -19,6 +21,10 @@ the grader takes the kernel from the one thing it trusts, the *text* of the answ
 
 So a kernel can only compute; it cannot reach cudacheck, the grader or the first
 sandbox, and a kernel cudacheck would flag in the learner's notebook is flagged here.
+What decides a verdict is the check cell, here: it compares the arrays the kernel wrote
+(decoded strictly, ``report_back``) with values it computes itself.  The one thing taken
+from the kernel sandbox unrecomputed is cudacheck's list of findings and counts, and only
+the kept source, which rule 2 allows, ever runs beside cudacheck there.
 ``require_gradable`` lets the notebook's own check apply rule 2, so that a kernel the
 grader would refuse fails there first, with the same message.
 """
@@ -71,9 +77,11 @@ _WHAT = {ast.ListComp: "a list comprehension", ast.SetComp: "a set comprehension
 
 @dataclass
 class Kernels:
-    """What a cell holds for cudacheck: the source to define (only kept lines; the others blank,
-    so line numbers match the cell), its kernels, and what is wrong with each, if anything."""
+    """What a cell holds for cudacheck: the source to define (only the kept statements, each at its
+    own lines, so line numbers match the cell), its kernels, what is wrong with each, if anything,
+    and ``error``: why none of the cell can be taken (then ``source`` is empty)."""
     source: str = ""
+    error: str = ""
     names: list = field(default_factory=list)
     problems: dict = field(default_factory=dict)   # kernel name -> [message, ...]
     unfinished: set = field(default_factory=set)   # kernels that still hold the exercise's stub
@@ -85,20 +93,32 @@ def _is_cuda_jit(node) -> bool:
             and target.value.id == "cuda")
 
 
-def _constant_expr(node, constants) -> bool:
-    """A number, a name of an earlier constant, or arithmetic and tuples of those."""
-    if isinstance(node, ast.Constant):
-        return type(node.value) in (int, float, bool)
-    if isinstance(node, ast.Name):
-        return node.id in constants
-    if isinstance(node, ast.Tuple):
-        return all(_constant_expr(e, constants) for e in node.elts)
-    if isinstance(node, ast.UnaryOp):
-        return _constant_expr(node.operand, constants)
-    if isinstance(node, ast.BinOp):
-        return not isinstance(node.op, ast.Pow) and _constant_expr(node.left, constants) \
-            and _constant_expr(node.right, constants)
-    return False
+CONSTANT_DEPTH = 60   # nesting of a constant's expression: ``BC, D = 16, 8`` is 2 deep
+
+
+def _constant_problem(node, constants):
+    """Why ``node`` is not a kernel constant (a number, a name of an earlier constant, or arithmetic
+    and tuples of those, at most ``CONSTANT_DEPTH`` deep), or None.  Walks without recursion."""
+    stack = [(node, 1)]
+    while stack:
+        child, depth = stack.pop()
+        if depth > CONSTANT_DEPTH:
+            return f"nested more than {CONSTANT_DEPTH} deep"
+        if isinstance(child, ast.Constant):
+            if type(child.value) not in (int, float, bool):
+                return f"a {type(child.value).__name__} is not a number"
+        elif isinstance(child, ast.Name):
+            if child.id not in constants or child.id.startswith("__"):
+                return f"`{child.id}` is not an earlier constant of the cell"
+        elif isinstance(child, ast.Tuple):
+            stack.extend((e, depth + 1) for e in child.elts)
+        elif isinstance(child, ast.UnaryOp):
+            stack.append((child.operand, depth + 1))
+        elif isinstance(child, ast.BinOp) and not isinstance(child.op, ast.Pow):
+            stack.extend(((child.left, depth + 1), (child.right, depth + 1)))
+        else:
+            return f"{type(child).__name__} is not arithmetic on numbers"
+    return None
 
 
 def _target_names(target):
@@ -109,8 +129,43 @@ def _target_names(target):
     return None
 
 
+def _segment(lines, node, first_line):
+    """The exact text of ``node``: from line ``first_line`` (its decorators) or its own column, to
+    its end column; {line number: text}.  Columns are UTF-8 byte offsets, as ``ast`` gives them."""
+    raw = [lines[i].encode("utf-8") for i in range(first_line - 1, node.end_lineno)]
+    start = 0 if first_line < node.lineno else node.col_offset
+    if len(raw) == 1:
+        raw[0] = raw[0][start:node.end_col_offset]
+    else:
+        raw[0], raw[-1] = raw[0][start:], raw[-1][:node.end_col_offset]
+    return {first_line + i: text.decode("utf-8") for i, text in enumerate(raw)}
+
+
+def _same_tree(a, b) -> bool:
+    """Whether two lists of statements are the same code (types and values, node by node; no recursion)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip((n for top in a for n in ast.walk(top)), (n for top in b for n in ast.walk(top))):
+        if type(x) is not type(y):
+            return False
+        for name in x._fields:
+            u, v = getattr(x, name, None), getattr(y, name, None)
+            if isinstance(u, list):
+                if not isinstance(v, list) or len(u) != len(v) or any(
+                        type(p) is not type(q) or not isinstance(p, ast.AST) and p != q for p, q in zip(u, v)):
+                    return False
+            elif not isinstance(u, ast.AST) and (type(u) is not type(v) or u != v):
+                return False
+    return sum(1 for top in a for _ in ast.walk(top)) == sum(1 for top in b for _ in ast.walk(top))
+
+
 def extract(cell_source: str) -> Kernels:
-    """The ``@cuda.jit`` functions of an answer cell and the constants before them, checked."""
+    """The ``@cuda.jit`` functions of an answer cell and the constants before them, checked.
+
+    The cell is parsed, never filtered by lines: only whole top-level statements that are a
+    constant assignment or a ``@cuda.jit`` function are kept, each as its own exact text at its
+    own lines (a statement beside it on a line, ``N = 4; exec(...)``, is left out), and the kept
+    source must parse back to exactly the kept statements, or nothing of the cell is kept."""
     from .worker import plain_python
 
     text = plain_python(cell_source)
@@ -118,30 +173,52 @@ def extract(cell_source: str) -> Kernels:
         tree = ast.parse(text)
     except SyntaxError:
         return Kernels()
+    except (RecursionError, MemoryError, ValueError):
+        return Kernels(error="the cell is nested too deeply for the grader to read its kernels")
     lines = text.splitlines()
-    keep, constants, found = set(), set(), []
+    kept, out, constants, refused, found = [], {}, set(), {}, []
     for node in tree.body:
-        if isinstance(node, ast.Assign) and all(_target_names(t) for t in node.targets) \
-                and _constant_expr(node.value, constants):
-            constants.update(n for t in node.targets for n in _target_names(t))
-            keep.update(range(node.lineno, node.end_lineno + 1))
+        if isinstance(node, ast.Assign) and all(_target_names(t) for t in node.targets):
+            why = _constant_problem(node.value, constants)
+            names = [n for t in node.targets for n in _target_names(t)]
+            if why is not None:
+                refused.update({n: why for n in names})
+                constants.difference_update(names)
+                continue
+            constants.update(names)
+            first = node.lineno
         elif isinstance(node, ast.FunctionDef) and any(_is_cuda_jit(d) for d in node.decorator_list):
             found.append(node)
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            keep.update(range(first, node.end_lineno + 1))
-    kernels = Kernels(names=[f.name for f in found])
+        else:
+            continue
+        kept.append(node)
+        for number, part in _segment(lines, node, first).items():
+            out[number] = f"{out[number]}; {part.strip()}" if out.get(number, "").strip() else part
+    source = "\n".join(out.get(i + 1, "") for i in range(len(lines))) + "\n"
+    try:
+        rebuilt = ast.parse(source).body
+    except (SyntaxError, RecursionError, MemoryError, ValueError):
+        rebuilt = None
+    if rebuilt is None or not _same_tree(kept, rebuilt):
+        return Kernels(names=[f.name for f in found], error="the grader could not take this cell's kernels and "
+                       "constants apart from its other code: put each constant and kernel on lines of its own")
+    kernels = Kernels(source=source, names=[f.name for f in found])
     known = constants | set(kernels.names)
     for fn in found:
-        kernels.problems[fn.name] = problems(fn, known)
+        kernels.problems[fn.name] = problems(fn, known, refused)
         if any(isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call) and isinstance(n.exc.func, ast.Name)
                and n.exc.func.id == "NotImplementedError" for n in ast.walk(fn)):
             kernels.unfinished.add(fn.name)
-    kernels.source = "\n".join(line if i + 1 in keep else "" for i, line in enumerate(lines)) + "\n"
     return kernels
 
 
-def problems(fn: ast.FunctionDef, known: set) -> list:
-    """What in ``fn`` is outside the kernel language the grader runs (empty: nothing)."""
+def problems(fn: ast.FunctionDef, known: set, refused=None) -> list:
+    """What in ``fn`` is outside the kernel language the grader runs (empty: nothing).
+
+    ``known``: the cell's constants and kernels; ``refused``: {name: why} of the cell's top-level
+    assignments that are no kernel constant, for a clearer message when a kernel names one."""
+    refused = refused or {}
     found = []
 
     def say(node, message):
@@ -163,11 +240,11 @@ def problems(fn: ast.FunctionDef, known: set) -> list:
         isinstance(fn.body[0].value, ast.Constant) and isinstance(fn.body[0].value.value, str) else fn.body
     parents = {id(child): node for node in ast.walk(fn) for child in ast.iter_child_nodes(node)}
     for stmt in body:
-        _statement(stmt, allowed, parents, say)
+        _statement(stmt, allowed, parents, say, refused)
     return found
 
 
-def _statement(node, allowed, parents, say):
+def _statement(node, allowed, parents, say, refused):
     for child in ast.walk(node):
         kind = type(child)
         if kind in (ast.comprehension, ast.ExceptHandler, ast.alias, ast.withitem):
@@ -192,6 +269,9 @@ def _statement(node, allowed, parents, say):
         elif isinstance(child, ast.Name):
             if child.id.startswith("__"):
                 say(child, f"`{child.id}`: names with a double underscore are not for kernels")
+            elif child.id not in allowed and child.id in refused:
+                say(child, f"`{child.id}` is no kernel constant ({refused[child.id]}): a constant is a number, "
+                           "a tuple or arithmetic of numbers and earlier constants of the cell")
             elif child.id not in allowed:
                 say(child, f"`{child.id}` is not defined for the kernel: {RULE}")
             elif child.id in MODULES and not isinstance(child.ctx, ast.Load):

@@ -169,12 +169,43 @@ def needed_cells(pristine) -> set:
     return needed
 
 
+def course_constants(pristine) -> str:
+    """The number constants the course's cells assign at their top level (``EMPTY, PARTIAL, FULL =
+    0, 1, 2``: numbers, tuples and arithmetic of them and of earlier ones), as source; a name a
+    course cell later binds to anything else is left out.  A learner's notebook has them, so an
+    answer (a compiled kernel of set 08) may use them in the sandbox too."""
+    from .kernels import _constant_problem, _target_names
+
+    found = {}   # name -> source of its assignment
+    for cell in course_cells(pristine):
+        if "check" in tags(cell):
+            continue
+        text = plain_python(cell.source)
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, RecursionError, MemoryError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            bound = [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)] \
+                if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr)) else []
+            plain = node in tree.body and isinstance(node, ast.Assign) and all(_target_names(t) for t in node.targets)
+            if plain and _constant_problem(node.value, set(found)) is None:
+                for name in bound:
+                    found[name] = ast.get_source_segment(text, node)
+            else:
+                for name in bound:
+                    found.pop(name, None)
+    return "\n".join(dict.fromkeys(found.values()))
+
+
 def sandbox_setup(pristine) -> list:
     """What the sandbox runs before the answers: the ``setup`` cells, or, in a set that has none,
-    the top-level imports of the course's cells that do not import course_lib."""
+    the top-level imports of the course's cells that do not import course_lib; then the course's
+    number constants (``course_constants``)."""
+    constants = course_constants(pristine)
     tagged = [c.source for c in pristine.cells if c.cell_type == "code" and "setup" in tags(c)]
     if tagged:
-        return tagged
+        return tagged + ([constants] if constants else [])
     lines = []
     for cell in pristine.cells:
         if cell.cell_type != "code" or {"answer", "check"} & set(tags(cell)):
@@ -189,4 +220,4 @@ def sandbox_setup(pristine) -> list:
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 if not any(m.split(".")[0] == "course_lib" for m in modules):
                     lines.append(ast.get_source_segment(text, node))
-    return ["\n".join(lines)]
+    return ["\n".join(lines)] + ([constants] if constants else [])

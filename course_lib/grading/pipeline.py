@@ -11,8 +11,9 @@ What it does, and why:
 - The answer cells run in a sandbox (``sandbox.py``): a separate process that
   sees a read-only interpreter and nothing of the course (no ``course_lib``,
   no ``solutions/``, no checkout), cannot write outside its private ``/tmp``,
-  has no network, runs as an unprivileged user in its own process namespace,
-  with limits on memory, CPU time, processes and file size.
+  has no network, runs as an unprivileged user (as root: a uid of its own) in
+  its own process namespace, with limits on memory (its processes together),
+  CPU time, processes and file size.
 - The check cells run here, in the grader's process, exactly as the learner
   saw them.  Only the names a check asks for cross from the answers
   (``names.py``: those it reads that no course cell binds and that are no
@@ -28,9 +29,12 @@ What it does, and why:
   ``kernels.py`` keeps the cell's kernels and constants, holds them to the kernel
   language, and runs cudacheck on them in a second sandbox where no other code of
   the answer runs; the report and the arrays the kernel wrote come back as plain data.
-- Each exercise has a time limit for its answer cells and one for its check;
-  an answer that hangs or kills its process scores ``timeout`` / ``error`` and
-  the sandbox is started again without it, so it costs only its own exercise.
+- Each exercise has a time limit for its answer cells and one for its check,
+  and the submission one for all of it; the check's and the submission's are
+  wall-clock deadlines over the grader's own work too (a check's loop over what
+  an answer returned), not only over the sandbox's replies.  An answer that
+  hangs or kills its process scores ``timeout`` / ``error`` and the sandbox is
+  started again without it, so it costs only its own exercise.
 - A submission is never modified.
 
 Statuses per exercise: ``pass`` (the check cell ran clean: its points),
@@ -87,7 +91,10 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT
     trusted: bool = False
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
-    fresh_inputs: bool | int = False  # draw the checks' random inputs from a secret salt (or this one)
+    # draw the checks' random inputs from a secret salt (True), or this salt (an int); False: the
+    # notebook's published inputs.  The command line grades with fresh inputs unless told otherwise.
+    fresh_inputs: bool | int = False
+    submission_timeout: float | None = None  # seconds for all of a submission (default: timeout x (2 x checks + 2))
 
 
 # -- one submission's cells ------------------------------------------------------------------
@@ -117,14 +124,18 @@ def fresh_inputs(salt):
         np.random.default_rng = original
 
 
-def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted, salt=None):
-    """Run every exercise not yet decided: answers in the sandbox, checks here."""
+def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted, salt=None, submission_timeout=None):
+    """Run every exercise not yet decided: answers in the sandbox, checks here, all of it (the
+    grader's own work included) within the submission's deadline."""
     by_check = {ex.check_id: ex for ex in exercises}
     namespace = {"__name__": "__course__"}
-    run = Run(pristine, answers, limits, timeout, trusted)
+    run = Run(pristine, answers, limits, timeout, trusted, submission_timeout)
     try:
-        with fresh_inputs(salt):
+        with run.deadline(run.end, "the submission ran too long"), fresh_inputs(salt):
             _run_cells(pristine, run, by_check, namespace, decided, course_names(pristine), timeout)
+    except Stop as stop:   # the submission's deadline, in the course's own cells
+        for ex in exercises:
+            decided.setdefault(ex.name, (stop.status, stop.reason))
     finally:
         run.close()
     return decided
@@ -133,6 +144,8 @@ def run_checks(pristine, answers, exercises, decided, limits, timeout, trusted, 
 def _run_cells(pristine, run, by_check, namespace, decided, course_bound, timeout):
     needed = needed_cells(pristine)
     for cell in course_cells(pristine):
+        if time.monotonic() >= run.end:
+            raise Stop("timeout", run.out_of_time(""))
         ex = by_check.get(cell.id)
         if ex is None:  # the course's own setup and helpers
             if cell.id in needed:
@@ -161,14 +174,17 @@ def _check(run, source, namespace, course_bound, timeout):
     """(status, reason) of one check cell, run here on what the answers give back."""
     from course_lib.checks import CheckFailed
 
-    run.deadline = time.monotonic() + timeout
+    run.deadline_at = time.monotonic() + timeout
     out = io.StringIO()
     try:
-        run.restart()
-        run.inject(namespace, asked_names(source, course_bound))
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            exec(compile(plain_python(source), "<check cell>", "exec"), namespace)
+        with run.deadline_of_check():
+            run.restart()
+            run.inject(namespace, asked_names(source, course_bound))
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                exec(compile(plain_python(source), "<check cell>", "exec"), namespace)
     except Stop as stop:
+        if stop.alarm:
+            run.reset()
         return stop.status, stop.reason
     except CheckFailed as exc:
         return "fail", one_line(exc) or "the check failed"
@@ -217,7 +233,8 @@ def _grade(path, course, options):
         answers = {i: source_text(matched[i].get("source")) for ex in exercises for i in ex.answer_ids if i in matched}
         fresh = options.fresh_inputs
         salt = None if not fresh else fresh if type(fresh) is int else secrets.randbits(63)
-        run_checks(pristine, answers, exercises, decided, options.limits, options.timeout, options.trusted, salt)
+        run_checks(pristine, answers, exercises, decided, options.limits, options.timeout, options.trusted, salt,
+                   options.submission_timeout)
     except Invalid as exc:
         decided = {ex.name: ("invalid", str(exc)) for ex in exercises}
     except sandbox.SandboxUnavailable as exc:

@@ -9,11 +9,18 @@ On Linux the worker (``worker.py``) runs under bubblewrap:
 - a private ``/tmp`` (a small tmpfs) is the only place it can write;
 - no network, its own PID, IPC and UTS namespaces, a new session, and it dies
   with the grader (``--die-with-parent``): every process it starts ends with it;
-- uid 65534: a grader running as root drops to it with ``setpriv`` (all
-  capabilities gone, no new privileges), any other user maps its uid to
-  65534 in a user namespace;
-- limits on address space, CPU seconds, processes, file size; the grader
-  bounds every message it reads and the time of every request.
+- a uid of its own: a grader running as root drops each sandbox to a uid
+  that no other sandbox running at the same time has (``SANDBOX_UIDS``, claimed
+  with a lock) with ``setpriv`` (all capabilities gone, no new privileges), so
+  the per-user process limit is the sandbox's alone; any other user maps its
+  uid to 65534 in a user namespace (there the process limit counts every
+  process of the grader's user);
+- limits on address space, CPU seconds, processes, file size; a thread of the
+  grader's watches the sandbox's processes for as long as it lives and ends it
+  when all of them together hold more memory, or more processes and threads,
+  than its limits; it bounds every message it reads and the time of every request,
+  however fast the data comes;
+- its output goes nowhere: no file of the grader's fills, nothing stays.
 
 The grader acts on nothing the sandbox says but the plain data of its
 replies: it kills only the process it started, by its own handle.
@@ -21,12 +28,16 @@ replies: it kills only the process it started, by its own handle.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import fcntl
 import os
 import resource
 import select
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +45,17 @@ from pathlib import Path
 from . import wire
 
 HERE = Path(__file__).resolve().parent
-SANDBOX_UID = 65534
+SANDBOX_UID = 65534                        # inside a user namespace (a grader that is not root)
+SANDBOX_UIDS = range(910_000, 914_096)     # a grader running as root: one per sandbox running at once
+WATCH_SECONDS = 0.25                       # how often the grader looks at a sandbox's processes
 
 
 @dataclass
 class Limits:
-    memory_bytes: int = 4 * 2**30   # address space of each process
+    memory_bytes: int = 4 * 2**30   # address space of each process, and memory of all of them together
     cpu_seconds: int = 600          # CPU time of each process (wall time is bounded per request)
-    processes: int = 256            # processes and threads of the sandbox's user
-    file_bytes: int = 64 * 2**20    # largest file it may write (its log included)
+    processes: int = 256            # processes and threads of one sandbox
+    file_bytes: int = 64 * 2**20    # largest file it may write
     tmp_bytes: int = 64 * 2**20     # size of its private /tmp
 
 
@@ -51,7 +64,11 @@ class SandboxUnavailable(RuntimeError):
 
 
 class Died(Exception):
-    """The worker ended (a crash, a limit, or the grader killed it)."""
+    """The worker ended (a crash, a limit, or the grader killed it); ``reason`` says which, when known."""
+
+    def __init__(self, reason=""):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Timeout(Exception):
@@ -76,7 +93,7 @@ def _python_roots():
     return sorted({r for r in roots if r.exists()} | {r.resolve() for r in roots if r.exists()})
 
 
-def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False):
+def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False, uid=SANDBOX_UID):
     import course_lib  # only to hide it where it is installed
 
     argv = [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -123,7 +140,7 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False):
     for key, value in env.items():
         argv.extend(["--setenv", key, value])
     if not userns:
-        argv.extend(["--", "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+        argv.extend(["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"])
     else:
         argv[1:1] = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
@@ -161,14 +178,17 @@ class Session:
     starts the kernel sandbox (``define`` and ``check_kernel``, not ``exec``).
     """
 
-    def __init__(self, limits: Limits, trusted=False, log_path=None, userns=None, kernels=False):
+    def __init__(self, limits: Limits, trusted=False, userns=None, kernels=False):
         self.limits = limits
-        # root drops to uid 65534 with setpriv (a real unprivileged user outside too); anyone
-        # else becomes 65534 inside a user namespace of their own
+        # root drops to a uid of the sandbox's own with setpriv (a real unprivileged user outside
+        # too); anyone else becomes 65534 inside a user namespace of their own
         self.userns = os.geteuid() != 0 if userns is None else userns
+        self.uid, self._uid_lock = None, None
+        self.seen = {"memory": 0, "threads": 0}   # the most the watch saw the sandbox's processes hold
+        self._over = ""                            # why the watch ended the sandbox
+        self._closed = threading.Event()
         to_worker_r, self._to_worker = os.pipe()
         self._from_worker, from_worker_w = os.pipe()
-        log = open(log_path or os.devnull, "wb")
         try:
             in_fd, out_fd = to_worker_r, from_worker_w
             if trusted:
@@ -176,57 +196,127 @@ class Session:
             else:
                 if not bwrap():
                     raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
-                argv = _bwrap_argv(in_fd, out_fd, limits, self.userns, kernels)
+                if not self.userns:
+                    self.uid, self._uid_lock = _claim_uid()
+                argv = _bwrap_argv(in_fd, out_fd, limits, self.userns, kernels,
+                                   SANDBOX_UID if self.uid is None else self.uid)
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
-                pass_fds=(in_fd, out_fd), preexec_fn=self._child_limits, start_new_session=True)
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                close_fds=True, pass_fds=(in_fd, out_fd), preexec_fn=self._child_limits, start_new_session=True)
         except BaseException:
             os.close(self._to_worker)
             os.close(self._from_worker)
+            self._release_uid()
             raise
         finally:
             os.close(to_worker_r)
             os.close(from_worker_w)
-            log.close()
-        self._buffer = b""
+        self._buffer = bytearray()
         self._seq = 0
         self._instruments = []
+        threading.Thread(target=self._watch, name="sandbox watch", daemon=True).start()
 
     def _child_limits(self):
         limits = self.limits
         for kind, value in ((resource.RLIMIT_AS, limits.memory_bytes), (resource.RLIMIT_CPU, limits.cpu_seconds),
                             (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CORE, 0)):
             resource.setrlimit(kind, (value, value))
-        # Counted per real user: as root, for uid 65534 after setpriv (root itself is never
-        # held to it); as anyone else, for that user, so leave room for what already runs.
+        # Counted per real user: as root, for this sandbox's own uid after setpriv (root itself is
+        # never held to it); as anyone else, for that user, so leave room for what already runs.
         n = limits.processes + (0 if os.geteuid() == 0 else _processes_of(os.getuid()))
         resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
 
+    def _release_uid(self):
+        if self._uid_lock is not None:
+            os.close(self._uid_lock)
+            self._uid_lock = None
+
+    # -- the watch: every process of the sandbox, together ----------------------------------
+
+    def _watch(self):
+        """Every ``WATCH_SECONDS``, in a thread of the grader's, for as long as the sandbox lives, even
+        while the grader is busy with a check: end the sandbox when its processes together hold more
+        memory, or more processes and threads, than its limits (the next request says why)."""
+        while not self._closed.wait(WATCH_SECONDS) and self.proc.poll() is None:
+            memory, threads = _tree_usage(self.proc.pid)
+            self.seen["memory"], self.seen["threads"] = max(self.seen["memory"], memory), max(self.seen["threads"], threads)
+            if memory > self.limits.memory_bytes:
+                self._over = (f"its processes held {memory / 2**30:.1f} GB together, over the sandbox's limit of "
+                              f"{self.limits.memory_bytes / 2**30:g} GB (--memory)")
+            elif threads > self.limits.processes + 4:   # bwrap's own processes besides the sandbox's
+                self._over = (f"it ran {threads} processes and threads, over the sandbox's limit of "
+                              f"{self.limits.processes} (--processes)")
+            if self._over:
+                with contextlib.suppress(OSError):
+                    self.proc.kill()  # our own child, by our own handle
+                return
+
+    def _kill(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()  # our own child, by our own handle: never a pid the sandbox wrote
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _died(self):
+        """``Died`` with what is known of why the worker ended."""
+        if self._over:
+            return Died(self._over)
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None
+        signals = {signal.SIGXCPU: f"its CPU time limit of {self.limits.cpu_seconds} s",
+                   signal.SIGXFSZ: f"its file size limit of {self.limits.file_bytes // 2**20} MiB",
+                   signal.SIGKILL: "killed", signal.SIGSEGV: "a crash (segmentation fault)"}
+        number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+        if number in signals:
+            return Died(signals[number])
+        if self.seen["threads"] >= self.limits.processes * 0.9:
+            return Died(f"it ran {self.seen['threads']} processes and threads, at the sandbox's limit of "
+                        f"{self.limits.processes} (--processes)")
+        return Died("")
+
     # -- the channel ------------------------------------------------------------
+
+    def _wait(self, readable, deadline):
+        """Wait until the channel is ready, watching the sandbox; Timeout at the deadline, whatever arrives."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout()
+            if self._over:
+                self._kill()
+                raise Died(self._over)
+            fds = [self._from_worker] if readable else [self._to_worker]
+            ready = select.select(fds, [], [], min(left, WATCH_SECONDS)) if readable else \
+                select.select([], fds, [], min(left, WATCH_SECONDS))
+            if ready[0] or ready[1]:
+                return
 
     def _write(self, data, deadline):
         view = memoryview(data)
         while view:
-            _, ready, _ = select.select([], [self._to_worker], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise Timeout()
+            self._wait(False, deadline)
             try:
                 n = os.write(self._to_worker, view[:1 << 16])
             except (BrokenPipeError, OSError):
-                raise Died() from None
+                raise self._died() from None
             view = view[n:]
 
     def _read(self, n, deadline):
         while len(self._buffer) < n:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._from_worker], [], [], max(0.0, left))
-            if not ready:
-                raise Timeout()
-            chunk = os.read(self._from_worker, 1 << 20)
+            self._wait(True, deadline)
+            chunk = os.read(self._from_worker, min(1 << 22, max(1 << 16, n - len(self._buffer))))
             if not chunk:
-                raise Died()
+                raise self._died()
             self._buffer += chunk
-        data, self._buffer = self._buffer[:n], self._buffer[n:]
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
         return data
 
     def _message(self, deadline):
@@ -335,20 +425,14 @@ class Session:
 
     def close(self):
         """End the worker and everything it started (its PID namespace dies with it)."""
+        self._closed.set()
         for fd in (self._to_worker, self._from_worker):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        if self.proc.poll() is None:
-            try:
-                self.proc.kill()  # our own child, by our own handle: never a pid the sandbox wrote
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        self._kill()
+        self._release_uid()
 
     def __enter__(self):
         return self
@@ -363,6 +447,74 @@ def clean_error(error) -> dict:
     types = [t for t in error.get("types", []) if type(t) is str][:8] if type(error.get("types")) is list else []
     text = lambda key, n: str(error.get(key, ""))[:n]  # noqa: E731
     return {"types": types, "name": text("name", 100), "message": text("message", 2000), "where": text("where", 40)}
+
+
+def _claim_uid():
+    """(uid, lock fd): a uid of ``SANDBOX_UIDS`` that no other sandbox holds now and no process runs as.
+
+    Held with ``flock`` on a file of its own (released when the fd closes, or the grader dies)."""
+    folder = Path("/run/course-grade-uids")
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.is_symlink() or folder.stat().st_uid != os.geteuid():
+        raise SandboxUnavailable(f"{folder} is not the grader's own folder")
+    busy = None
+    for uid in SANDBOX_UIDS:
+        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        if busy is None:
+            busy = _uids_running()
+        if uid in busy:   # a process of an earlier sandbox still runs as it: leave that uid alone
+            os.close(fd)
+            continue
+        return uid, fd
+    raise SandboxUnavailable(f"all {len(SANDBOX_UIDS)} sandbox uids are in use")
+
+
+def _uids_running() -> set:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found.add(os.stat(f"/proc/{entry}").st_uid)
+            except OSError:
+                pass
+    return found
+
+
+def _tree_usage(root_pid):
+    """(resident bytes, processes and threads) of ``root_pid`` and every process under it."""
+    children, usage = {}, {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()   # after "pid (comm) "
+        try:
+            ppid, threads, rss = int(fields[1]), int(fields[17]), int(fields[21])
+        except (IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+        usage[int(entry)] = (rss * page, threads)
+    memory = threads = 0
+    todo, seen = [root_pid], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        rss, n = usage.get(pid, (0, 0))
+        memory, threads = memory + rss, threads + n
+        todo.extend(children.get(pid, []))
+    return memory, threads
 
 
 def _processes_of(uid) -> int:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import os
-import tempfile
+import signal
+import threading
 import time
 
 from . import kernels, sandbox, wire
@@ -20,12 +20,16 @@ from .names import sandbox_setup
 from .submission import tags
 
 
-class Stop(BaseException):
-    """The sandbox timed out or died during a check: ends the check, whatever it catches."""
+ALARM_GRACE = 1.0   # seconds past a deadline before the grader's own work is interrupted
 
-    def __init__(self, status, reason):
+
+class Stop(BaseException):
+    """The sandbox timed out or died during a check, or a deadline passed (``alarm``: the grader was
+    interrupted wherever it was, so its sandboxes may be mid-message): ends the check, whatever it catches."""
+
+    def __init__(self, status, reason, alarm=False):
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.alarm = status, reason, alarm
 
 
 # -- the answer's own exceptions --------------------------------------------------------------
@@ -61,6 +65,8 @@ def answer_outcome(error, where):
         text += " (the grader runs only the course's cells and your answer cells: define what you use there)"
     elif name == "ModuleNotFoundError" and "course_lib" in message:
         text += " (answers cannot use the course's library: write the code yourself)"
+    elif "can't start new thread" in message or "Resource temporarily unavailable" in message:
+        text += " (the sandbox's limit on processes and threads: --processes)"
     return "error", f"{text} (in the {where}{' ' + error['where'] if error.get('where') else ''})"
 
 
@@ -116,7 +122,7 @@ class KernelAnswer:
 class Run:
     """One submission: a sandbox for its answers and a namespace here for the course's cells."""
 
-    def __init__(self, pristine, answers, limits, timeout, trusted):
+    def __init__(self, pristine, answers, limits, timeout, trusted, submission_timeout=None):
         self.pristine, self.answers = pristine, answers
         self.limits, self.timeout, self.trusted = limits, timeout, trusted
         self.setup = sandbox_setup(pristine)
@@ -125,14 +131,14 @@ class Run:
         self.kernels = {}         # the answers' @cuda.jit functions: name -> their cell's kernels.Kernels
         self.session = None
         self.kernel_session = None   # the kernel sandbox, started by the first check of a kernel
-        self.deadline = None
+        self.deadline_at = None      # when the running check must end (time.monotonic())
         self.check_limit = f"the {timeout:g} s of its check"
-        # the whole submission: an answer and a check per exercise, and room for restarts
+        # the whole submission: by default an answer and a check per exercise, and room for restarts
         n = sum(1 for c in pristine.cells if "check" in tags(c))
         self.begin = time.monotonic()
-        self.end = self.begin + timeout * (2 * n + 2)
-        self.log = tempfile.NamedTemporaryFile(prefix="course-grade-", suffix=".log", delete=False)
-        self.log.close()
+        self.end = self.begin + (submission_timeout or timeout * (2 * n + 2))
+        self._deadlines = []      # (monotonic time, reason) of the deadlines armed, innermost last
+        self._quiet = 0           # > 0 while a sandbox starts or ends: the alarm waits
 
     # -- time --------------------------------------------------------------------------------
 
@@ -145,15 +151,74 @@ class Run:
 
     def check_left(self):
         """The seconds left to the check that is running; a Stop when there are none."""
-        left = min(self.deadline, self.end) - time.monotonic()
+        left = min(self.deadline_at, self.end) - time.monotonic()
         if left <= 0:
             raise Stop("timeout", self.out_of_time(f"the check ran longer than {self.timeout:g} s"))
         return left
+
+    def deadline_of_check(self):
+        """The running check's deadline (``self.deadline_at``), over the grader's own work too."""
+        return self.deadline(self.deadline_at, f"the check ran longer than {self.timeout:g} s")
 
     def out_of_time(self, what):
         if time.monotonic() >= self.end:
             return f"the submission ran past its {self.end - self.begin:g} s in all"
         return what
+
+    @contextlib.contextmanager
+    def deadline(self, until, reason):
+        """Whatever runs inside, the grader's own work included (a check's loops), stops at ``until``
+        (``time.monotonic()``) with ``Stop("timeout", reason, alarm=True)``: a SIGALRM timer, in the
+        main thread (elsewhere only the sandbox's requests are bounded)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        outermost = not self._deadlines
+        previous = signal.signal(signal.SIGALRM, self._alarm) if outermost else None
+        self._deadlines.append((min(until, self.end), reason))
+        self._arm()
+        try:
+            yield
+        finally:
+            self._deadlines.pop()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            if outermost:
+                signal.signal(signal.SIGALRM, previous)
+            else:
+                self._arm()
+
+    def _arm(self):
+        # a second late: a request to the sandbox that runs up to the deadline ends on its own,
+        # with its own words (what ran too long); the alarm is for the grader's own work
+        until = min(t for t, _ in self._deadlines) + ALARM_GRACE
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, until - time.monotonic()))
+
+    @contextlib.contextmanager
+    def no_alarm(self):
+        """Starting or ending a sandbox is never cut in half (a process or its uid left behind): a
+        deadline that passes meanwhile stops what runs right after."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+
+    def _alarm(self, signum, frame):
+        if self._quiet:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
+        now = time.monotonic()
+        passed = [(t, reason) for t, reason in self._deadlines if t + ALARM_GRACE <= now + 0.001]
+        if not passed:   # early by a hair: wait for the rest
+            self._arm()
+            return
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        raise Stop("timeout", self.out_of_time(min(passed)[1]), alarm=True)
+
+    def reset(self):
+        """After a deadline interrupted the grader: its sandboxes may be mid-message, so end them."""
+        self.stop()
+        self.stop_kernels()
 
     @contextlib.contextmanager
     def answering(self, what, limit, kernel=False):
@@ -170,10 +235,10 @@ class Run:
         except sandbox.Timeout:
             stop()
             raise Stop("timeout", self.out_of_time(f"{what} ran longer than {limit}")) from None
-        except (sandbox.Died, EOFError, OSError):
+        except (sandbox.Died, EOFError, OSError) as exc:
             stop()
-            raise Stop("error", f"the {'kernel' if kernel else 'answer'}'s process died "
-                                "(a crash, or a limit on memory, CPU time or processes)") from None
+            why = getattr(exc, "reason", "") or "a crash, or a limit on memory, CPU time or processes"
+            raise Stop("error", f"the {'kernel' if kernel else 'answer'}'s process died ({why})") from None
         except wire.WireError as exc:
             stop()  # the channel may be out of step: the next request gets a fresh sandbox
             raise Stop("error", f"{what} sent a reply that is not plain data ({exc})") from None
@@ -183,7 +248,8 @@ class Run:
     def start(self):
         """A fresh sandbox with the setup and the answers so far; one that now hangs or dies is dropped."""
         while True:
-            self.session = sandbox.Session(self.limits, trusted=self.trusted, log_path=self.log.name)
+            with self.no_alarm():
+                self.session = sandbox.Session(self.limits, trusted=self.trusted)
             self.session.exec(self.setup, label="setup", timeout=self.left(max(60.0, self.timeout)))
             for label, cells in self.replay:
                 try:
@@ -207,19 +273,19 @@ class Run:
 
     def stop(self):
         if self.session is not None:
-            self.session.close()
+            with self.no_alarm():
+                self.session.close()
             self.session = None
 
     def stop_kernels(self):
         if self.kernel_session is not None:
-            self.kernel_session.close()
+            with self.no_alarm():
+                self.kernel_session.close()
             self.kernel_session = None
 
     def close(self):
         self.stop()
         self.stop_kernels()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
 
     def exec_answer(self, ex):
         """(status, reason) if the answer cells of ``ex`` did not run clean, else None."""
@@ -230,6 +296,8 @@ class Run:
                     self.start()
                 names = self.session.exec(cells, label=ex.name, timeout=self.left(self.timeout))
         except Stop as stop:
+            if stop.alarm:
+                self.reset()
             return stop.status, stop.reason
         except Exception as exc:
             if from_answer(exc) is None:
@@ -239,7 +307,12 @@ class Run:
         self.replay.append((ex.name, cells))
         self.names.update(names)
         for cell in cells:  # read here, from the submission's text: the sandbox is not asked
-            found = kernels.extract(cell)
+            try:
+                found = kernels.extract(cell)
+            except RecursionError:
+                found = kernels.Kernels(error="the cell is nested too deeply for the grader to read its kernels")
+            if found.error and (found.names or "cuda.jit" in cell):
+                return "fail", f"the grader cannot run this cell's kernels: {found.error}"
             if found.names:
                 self.kernels.update({name: found for name in found.names})
                 self.stop_kernels()  # the next kernel check starts it again, with these defined too
@@ -283,8 +356,8 @@ class Run:
         encoded = kernels.encode_args(args)
         with self.answering(f"cudacheck on {name}", self.check_limit, kernel=True):
             if self.kernel_session is None:
-                self.kernel_session = sandbox.Session(self.limits, trusted=self.trusted, log_path=self.log.name,
-                                                      kernels=True)
+                with self.no_alarm():
+                    self.kernel_session = sandbox.Session(self.limits, trusted=self.trusted, kernels=True)
                 for found in {id(k): k for k in self.kernels.values()}.values():
                     if not any(found.problems.values()):  # only source that passed every rule is defined
                         self.kernel_session.define(found.source, found.names, timeout=left)

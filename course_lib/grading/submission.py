@@ -9,7 +9,9 @@ changes nothing, since the course's copy runs, but it tells the instructor somet
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +50,40 @@ def course_meta(cell) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+MAX_NOTEBOOK_BYTES = 100 * 2**20
+
+
+def read_file(path: Path, limit=MAX_NOTEBOOK_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``Invalid`` for anything else (a FIFO,
+    a device, a folder), without ever waiting on it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Invalid(f"not a readable notebook ({type(exc).__name__}: {str(exc)[:200]})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Invalid("not a notebook: not a regular file (a pipe, a device or a folder)")
+        if info.st_size > limit:
+            raise Invalid(f"not a notebook of this course: {info.st_size / 2**20:.0f} MiB, over the "
+                          f"{limit // 2**20} MiB a notebook may have (clear its outputs and save it again)")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise Invalid(f"not a notebook of this course: over the {limit // 2**20} MiB a notebook may have")
+        return data
+    except OSError as exc:
+        raise Invalid(f"not a readable notebook ({type(exc).__name__}: {str(exc)[:200]})") from None
+    finally:
+        os.close(fd)
+
+
 def load_submission(path: Path) -> dict:
     """The submission as plain JSON (no repair, no validation beyond what grading needs)."""
+    data = read_file(Path(path))
     try:
-        nb = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        nb = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise Invalid(f"not a readable notebook ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise Invalid("not a notebook: no list of cells")

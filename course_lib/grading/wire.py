@@ -3,13 +3,15 @@
 Standard library and numpy only: the sandbox worker imports this file
 without ``course_lib`` (it is copied in beside the worker).  Nothing is
 pickled.  A value is a JSON tree whose leaves are None, bool, int, float,
-str, or tagged objects; arrays travel as raw bytes with a dtype from
+str, or tagged objects (a ``fractions.Fraction`` as its two ints, a numpy
+string as a str, slices whose bounds are ints or numpy ints); arrays travel as raw bytes with a dtype from
 ``DTYPES`` and a shape, and the receiver checks that the byte count is
 exactly what the dtype and shape say.  Every decoder raises ``WireError``
 on anything else, so what the sandbox sends is data or it is refused.
 """
 from __future__ import annotations
 
+import fractions
 import json
 import struct
 
@@ -47,6 +49,10 @@ def encode(value, buffers, remote=None, depth=0):
     kind = type(value)
     if kind in SCALAR_TYPES:
         return {"t": "int", "v": str(value)} if kind is int else value
+    if kind is np.str_:
+        return str(value)
+    if kind is fractions.Fraction:
+        return {"t": "fraction", "v": [str(value.numerator), str(value.denominator)]}
     if kind is tuple or kind is list:
         return {"t": kind.__name__, "v": [encode(x, buffers, remote, depth + 1) for x in value]}
     if kind is dict:
@@ -80,6 +86,15 @@ def encode(value, buffers, remote=None, depth=0):
                     "(numbers, strings, numpy arrays, tuples / lists / dicts of them)")
 
 
+def _int(v):
+    if type(v) is not str or len(v) > 4000:
+        raise WireError("bad int")
+    try:
+        return int(v)
+    except ValueError:
+        raise WireError("bad int") from None
+
+
 def decode(tree, buffers, remote=None, depth=0):
     """The value of a JSON tree from ``encode``; refuses anything else."""
     if depth > MAX_DEPTH:
@@ -92,9 +107,14 @@ def decode(tree, buffers, remote=None, depth=0):
         raise WireError(f"not a value: {type(tree).__name__}")
     tag, v = tree["t"], tree.get("v")
     if tag == "int":
-        if type(v) is not str or len(v) > 4000:
-            raise WireError("bad int")
-        return int(v)
+        return _int(v)
+    if tag == "fraction":
+        if type(v) is not list or len(v) != 2:
+            raise WireError("bad fraction")
+        numerator, denominator = _int(v[0]), _int(v[1])
+        if denominator <= 0:
+            raise WireError("bad fraction")
+        return fractions.Fraction(numerator, denominator)
     if tag in ("tuple", "list"):
         if type(v) is not list:
             raise WireError("bad sequence")
@@ -114,6 +134,7 @@ def decode(tree, buffers, remote=None, depth=0):
         if type(v) is not list or len(v) != 3:
             raise WireError("bad slice")
         parts = [decode(x, buffers, remote, depth + 1) for x in v]
+        parts = [int(p) if isinstance(p, np.integer) else p for p in parts]   # np.arange's, np.array_split's
         if not all(p is None or type(p) is int for p in parts):
             raise WireError("slice bounds must be ints or None")
         return slice(*parts)

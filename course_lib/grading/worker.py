@@ -41,7 +41,12 @@ except ImportError:  # run as a script in the sandbox: wire.py lies beside it, n
     import wire
 
 IN = OUT = CELLS = None  # the channel and a folder for the cells, made by serve()
-NAMESPACE = {"__name__": "__main__", "__builtins__": builtins}
+def display(*objs, **kwargs):
+    """IPython's ``display`` in a notebook; here it prints (the sandbox's output goes nowhere)."""
+    print(*objs)
+
+
+NAMESPACE = {"__name__": "__main__", "__builtins__": builtins, "display": display}
 KERNELS = {}             # kernel sandbox: name -> the kernel its latest cell defined
 cudacheck = None         # kernel sandbox: the module, imported by serve()
 _seq = [0]
