@@ -31,7 +31,9 @@ CAP_THEN_MASK = ("    if softcap > 0:\n        s = softcap * np.tanh(s / softcap
 WRONG = {
     "1.4": [("k = np.repeat(k, group, axis=1)  # (B, H, Nk, D): K/V head h // group for query head h\n    v = np.repeat(v, group, axis=1)",
              "k = np.tile(k, (1, group, 1, 1))  # interleaved: query head h reads K/V head h % Hk\n    v = np.tile(v, (1, group, 1, 1))")],
-    "1.7": [("predicted_peak_bytes = 3 *", "predicted_peak_bytes = 1 *"),      # S alone
+    "1.7": [("return 3 * B * H * Nq * Nk * 4", "return 1 * B * H * Nq * Nk * 4"),      # S alone
+            ("return 3 * B * H * Nq * Nk * 4", "return 3 * 1 * 4 * 1024 * 1024 * 4"),  # the statement's shape, not the check's
+            ("return 3 * B * H * Nq * Nk * 4", "return 3 * B * H * Nq * Nk * 8"),      # float64 bytes
             ("score_sized_arrays = 3", "score_sized_arrays = 1")],
     "1.8": [("scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / math.sqrt(v.shape[-1])"),  # the bug itself
             ("+ (nk - nq)\n", "\n")],                                           # fixed, and broke the mask
@@ -83,9 +85,11 @@ WRONG = {
             ("    s = np.where(visible, s, -np.inf)\n", "")],
     "7.7": [("offset = nk - nq  #", "offset = (cu_k[-1] - cu_k[0]) - (cu_q[-1] - cu_q[0])  #"),  # the bug itself
             ("offset = nk - nq  #", "offset = 0  #")],                           # top-left in every sequence
-    "7.8": [("packed_peak_bytes = 3 * 2 * 700**2 * 4", "packed_peak_bytes = 3 * 2 * (700**2 + 30**2 + 200**2 + 5**2 + 400**2) * 4"),
-            ("padded_over_packed_peak = 3 * 5 * 2 * 700**2 * 4 / packed_peak_bytes",
-             "padded_over_packed_peak = 5 * 700**2 / (700**2 + 30**2 + 200**2 + 5**2 + 400**2)")],
+    "7.8": [("return 3 * H * max(lengths)**2 * 4", "return 3 * H * sum(n**2 for n in lengths) * 4"),  # the sum of N^2
+            ("return 3 * H * max(lengths)**2 * 4", "return 3 * 2 * 700**2 * 4"),  # the statement's batch, not the check's
+            ("return padded_peak / packed_peak_bytes(lengths, H)",
+             "return len(lengths) * max(lengths)**2 / sum(n**2 for n in lengths)"),  # packed as the sum of N^2
+            ("return padded_peak / packed_peak_bytes(lengths, H)", "return 5.0")],  # the statement's five sequences
 }
 CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
 
