@@ -79,21 +79,23 @@ WRONG = {
             (("for c in range(n_c):\n                p = math.exp", "for c in range(BK):\n                p = math.exp"),
              False),                                                                   # past the tail: stale scores
             (("p = math.exp(s_i[c] - m_new)", "p = math.exp(s_i[c] - m)"), False)],   # the old max
-    "9.6": [(("        if kind == 0:                      # EMPTY: the whole block skips it, nothing loaded\n"
+    "9.6": [(("        if kind == EMPTY:                  # the whole block skips it, nothing loaded\n"
               "            continue\n", ""), False),                                   # never skips: reads everything
-            (("masked = kind == 1 and j > i + offset", "masked = False"), False),      # never masks
-            (("masked = kind == 1 and j > i + offset", "masked = kind == 1 and j > i"), False),  # top-left, not bottom-right
-            (("masked = kind == 1 and j > i + offset", "masked = kind != 2 and j >= i + offset"), False)],  # off by one
+            (("masked = kind == PARTIAL and j > i + offset", "masked = False"), False),      # never masks
+            (("masked = kind == PARTIAL and j > i + offset", "masked = kind == PARTIAL and j > i"), False),  # top-left, not bottom-right
+            (("masked = kind == PARTIAL and j > i + offset", "masked = kind != FULL and j >= i + offset"), False)],  # off by one
     "9.7": [(("    acc = float32(0.0)\n    for t in", "    if row >= M or col >= N:\n        return\n    acc = float32(0.0)\n    for t in"),
              True),                                                                   # the colleague's early return
             (("As[ty, tx] = A[row, k + tx] if row < M and k + tx < K else float32(0.0)",
               "if row < M and k + tx < K:\n            As[ty, tx] = A[row, k + tx]"), False),  # no zeros past the edge
             (("    if row < M and col < N:                    # guard the store, not the barriers\n        C[row, col] = acc",
               "    C[row, col] = acc"), True)],                                       # the store unguarded
-    "9.8": [(("k_reads_rows = 40 * 24 * 8 ", "k_reads_rows = 48 * 24 * 8 "), False),          # counts the threads past row 40
-            (("k_reads_tiled = 3 * 24 * 8 ", "k_reads_tiled = 40 * 24 * 8 // 16 "), False),  # Br times fewer, the tail forgotten
-            (("k_reads_tiled = 3 * 24 * 8 ", "k_reads_tiled = 24 * 8 "), False),            # K read once in all
-            (("q_reads_tiled = 40 * 24 * 8 ", "q_reads_tiled = 40 * 8 "), False)],          # q read once per row
+    "9.8": [(("return Nq * Nk * D                       # each of", "return 16 * math.ceil(Nq / 16) * Nk * D  # each of"),
+             False),                                                                  # counts the threads past row Nq
+            (("return math.ceil(Nq / 16) * Nk * D", "return Nq * Nk * D // 16"), False),  # Br times fewer, the tail forgotten
+            (("return math.ceil(Nq / 16) * Nk * D", "return Nk * D"), False),           # K read once in all
+            (("return math.ceil(Nq / 16) * Nk * D", "return 3 * 24 * 8"), False),       # the statement's launch, not the check's
+            (("return Nq * Nk * D                       # q[h", "return Nq * D  # q[h"), False)],  # q read once per row
 }
 CASES = [(exercise, edit, by_cudacheck) for exercise, edits in WRONG.items() for edit, by_cudacheck in edits]
 
