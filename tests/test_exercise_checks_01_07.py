@@ -85,6 +85,19 @@ WRONG = {
             ("br, 8) < naive_bytes)", "br, 8) > naive_bytes)")],
     "5.8": [("for i in range(0, Nq, Br):", "for i in range(0, Nq - Br + 1, Br):"),  # the bug itself
             ("for i in range(0, Nq, Br):", "for i in range(0, Nq - Br, Br):")],
+    "6.3": [("visible &= j >= centre - left", "visible &= j > centre - left"),    # left keys before, not left - 1
+            ("centre = np.arange(Nq)[:, None] + (Nk - Nq)", "centre = np.arange(Nq)[:, None]")],  # top-left window
+    "6.6": [("    S = np.where(visible, S, -np.inf)\n", ""),                           # the mask forgotten
+            ("    if softcap > 0:\n        S = softcap * np.tanh(S / softcap)\n    if slopes is not None:\n"
+             "        distance = np.abs(np.arange(Nq)[:, None] + (Nk - Nq) - np.arange(Nk)[None, :])\n"
+             "        S = S - np.asarray(slopes)[:, None, None] * distance\n",
+             "    if slopes is not None:\n"
+             "        distance = np.abs(np.arange(Nq)[:, None] + (Nk - Nq) - np.arange(Nk)[None, :])\n"
+             "        S = S - np.asarray(slopes)[:, None, None] * distance\n"
+             "    if softcap > 0:\n        S = softcap * np.tanh(S / softcap)\n"),  # ALiBi before the cap
+            ("    if softcap > 0:\n        S = softcap * np.tanh(S / softcap)\n", ""),  # the cap forgotten
+            ("m = S.max(axis=-1, keepdims=True, initial=-np.inf)\n    P = np.exp(S - np.where(np.isneginf(m), 0, m))",
+             "m = S.max(axis=-1, keepdims=True, initial=-np.inf)\n    P = np.exp(S - m)")],  # NaN where a row sees nothing
     "6.7": [(FRACTION, "predicted_work_fraction = 0.5"),                        # "causal is half"
             ("partial_tiles = tiles_per_side ", "partial_tiles = 0 ")],
     "6.8": [("s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # the fix",
