@@ -71,10 +71,13 @@ WRONG = {
              True),                                                                   # the first one missing
             (("        cuda.syncthreads()                 # the tile is complete before anyone reads it\n",
               "        cuda.syncthreads()\n        cuda.syncthreads()\n"), False)],     # one barrier too many
-    "9.4": [(("l = alpha * l + p", "l = l + p"), False),                               # the sum not rescaled
-            (("            if m_new == -math.inf:\n                continue                   # nothing seen yet: the state stays (-inf, 0)\n", ""),
-             False),                                                                  # exp(-inf - -inf): NaN
-            (("o[e] = alpha * o[e] + p * V[j, e]", "o[e] = o[e] + p * V[j, e]"), False)],
+    "9.4": [(("            if s == -math.inf:\n                continue                           # a hidden key changes nothing (and -inf - -inf is NaN)\n", ""),
+             False),                                                                  # no guard: NaN on hidden keys
+            (("new = hi + math.log(math.exp(lse_i - hi) + math.exp(s - hi))", "new = math.log(math.exp(lse_i) + math.exp(s))"),
+             False),                                                                  # e^100 overflows float32
+            (("o[e] = keep * o[e] + add * V[j, e]", "o[e] = o[e] + add * V[j, e]"), False),  # the old average not reweighted
+            (("keep, add = math.exp(lse_i - new), math.exp(s - new)", "keep, add = float32(1.0), math.exp(s - new)"),
+             False)],                                                                 # the old average kept whole
     "9.5": [(("            l *= alpha\n", ""), False),                                 # l not rescaled
             (("for c in range(n_c):\n                p = math.exp", "for c in range(BK):\n                p = math.exp"),
              False),                                                                   # past the tail: stale scores
