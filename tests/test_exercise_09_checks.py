@@ -59,11 +59,12 @@ WRONG = {
     "9.2": [(("    cuda.syncthreads()\n", "\n"), True),                                 # no barrier after the load
             (("for x in range(t, n_c * D, cuda.blockDim.x):", "for x in range(t, BC * D, cuda.blockDim.x):"),
              True),                                                                   # no tail: reads past Nk
-            (("Kj[x // D, x % D] = k[c0 + x // D, x % D]", "Kj[x // DMAX, x % DMAX] = k[c0 + x // DMAX, x % DMAX]"),
+            (("KjT[x % D, x // D] = k[c0 + x // D, x % D]", "KjT[x % DMAX, x // DMAX] = k[c0 + x // DMAX, x % DMAX]"),
              True),                                                                  # the padded width as the stride
-            (("for x in range(t, n_c * D, cuda.blockDim.x):\n        Kj[x // D, x % D] = k[c0 + x // D, x % D]",
-              "for x in range(t, n_c * D, cuda.blockDim.x):\n        Kj[x // D, x % D] = k[c0 + x // D, x % D]\n"
-              "    for x in range(t, n_c * D, cuda.blockDim.x):\n        Kj[x // D, x % D] = k[c0 + x // D, x % D]"),
+            (("KjT[x % D, x // D] =", "KjT[x // D, x % D] ="), True),               # stored as read: not transposed
+            (("for x in range(t, n_c * D, cuda.blockDim.x):\n        KjT[x % D, x // D] = k[c0 + x // D, x % D]",
+              "for x in range(t, n_c * D, cuda.blockDim.x):\n        KjT[x % D, x // D] = k[c0 + x // D, x % D]\n"
+              "    for x in range(t, n_c * D, cuda.blockDim.x):\n        KjT[x % D, x // D] = k[c0 + x // D, x % D]"),
              False)],                                                                 # every element read twice
     "9.3": [(("        cuda.syncthreads()                 # everyone has read it before the next load\n", ""),
              True),                                                                   # the second barrier missing
