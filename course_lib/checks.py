@@ -32,7 +32,6 @@ from .core import rules
 from .core.options import call_forward
 from .core.reference import attention_math
 from .kernels import naive
-from .kernels.launch import DEFAULT_BLOCK_Q
 
 # (atol, rtol) per dtype the answer is asked for (never the dtype it comes in).  float32 leaves room for a different
 # summation order over a few thousand keys; float64 for the same in double.
@@ -131,13 +130,15 @@ def _heat_map(bad: np.ndarray, rows=12, cols=32, row_axis=None) -> str:
     return "\n".join([head] + lines)
 
 
-def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", block_q=None, row_axis=-2) -> Verdict:
+def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", block_q=None, row_axis=-2,
+            attention=False) -> Verdict:
     """The verdict of ``actual`` against ``expected`` without printing or raising.
 
     An element is off when its error exceeds both ``bound`` (a single number,
-    when given) and ``atol + rtol * |expected|``.  ``block_q`` is given only
-    for attention outputs (``row_axis`` is then their query axis): the report
-    names the query tile of the worst element and draws rows against heads.
+    when given) and ``atol + rtol * |expected|``.  For attention outputs
+    (``attention``, or ``block_q`` given; ``row_axis`` is then their query axis)
+    the report names the query row of the worst element and draws rows against
+    heads; ``block_q``, the answer's query tile, also names its tile.
     """
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.dtype.kind not in "biuf" and actual.dtype.name != "bfloat16":
@@ -157,10 +158,11 @@ def compare(name, actual, expected, *, bound=None, atol=0.0, rtol=0.0, rule="", 
         return Verdict(True, f"PASS {name}: {_shape(actual)} {actual.dtype.name} within {rule}")
     worst = np.unravel_index(np.argmax(np.where(bad, err / np.maximum(limit, 1e-300), -1)), err.shape)
     lines = [f"  worst element {tuple(int(i) for i in worst)}: got {a[worst]:.6g}, expected {e[worst]:.6g}"]
-    tiled = block_q is not None and a.ndim >= max(1, -row_axis)
+    tiled = (attention or block_q is not None) and a.ndim >= max(1, -row_axis)
     if tiled:
         row = int(worst[row_axis])
-        lines.append(f"  that is query row {row}, in query tile {row // block_q} of {block_q} rows")
+        tile = f", in query tile {row // block_q} of {block_q} rows" if block_q else ""
+        lines.append(f"  that is query row {row}{tile}")
     special = ~np.isfinite(err)  # NaN or inf where the expected value differs: no relative error means anything
     if special.any():
         lines.append(f"  {int(special.sum())} element(s) NaN or inf where a different value was expected "
@@ -280,17 +282,18 @@ def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -
     """Check an attention output (and optionally its lse) against the float64 reference.
 
     ``options`` are ``course_lib.attention``'s (causal, window_size, ...);
-    ``block_q`` also names the query tile reported on failure.
+    ``block_q``, the answer's query tile, also names the tile of the worst row on failure.
     """
     expected, expected_lse = call_forward(_reference64, q, k, v, return_lse=True, **options)
     (bound, atol, rtol, rule), for_lse = tolerances(q, k, v, expected, expected_lse, **options)
     label = f"{name} ({_describe(q, k, v, options)})"
-    block_q = options.get("block_q") or DEFAULT_BLOCK_Q
-    verdict = compare(label, actual, expected, bound=bound, atol=atol, rtol=rtol, rule=rule, block_q=block_q)
+    block_q = options.get("block_q")
+    verdict = compare(label, actual, expected, bound=bound, atol=atol, rtol=rtol, rule=rule, block_q=block_q,
+                      attention=True)
     if verdict.passed and lse is not None:
         lse_bound, lse_atol, lse_rtol, lse_rule = for_lse
         verdict = compare(f"{label} lse", lse, expected_lse, bound=lse_bound, atol=lse_atol, rtol=lse_rtol,
-                          rule=lse_rule, block_q=block_q, row_axis=-1)
+                          rule=lse_rule, block_q=block_q, row_axis=-1, attention=True)
         if verdict.passed:
             verdict.line = f"PASS {label}: out and lse within {rule}"
     return _announce(verdict)

@@ -206,3 +206,44 @@ def test_real_solutions_follow_the_conventions(path):
         assert "nbval-ignore-output" in cell.metadata.tags
     for cell in nf.cells(solution, "check"):
         assert cell.outputs and cell.execution_count, f"check cell {cell.id} has no stored output: execute the solution"
+
+
+REAL_EXERCISES = sorted((nf.REPO / "exercises").glob("*.ipynb"))
+
+
+def measurement_cells(nb):
+    """Course code cells whose output is a measurement: tagged nbval-ignore-output (a timing, a peak),
+    or reading a name a check cell bound last (what the check measured)."""
+    from course_lib.grading.names import cell_names
+
+    bound_by_check, found = set(), []
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        names, cell_tags = cell_names(cell.source), cell.metadata.get("tags", [])
+        if "check" in cell_tags:
+            bound_by_check |= names.bound
+            continue
+        if "answer" not in cell_tags and ("nbval-ignore-output" in cell_tags or names.free & bound_by_check):
+            found.append(cell)
+        bound_by_check -= names.bound
+    return found
+
+
+@pytest.mark.parametrize("path", REAL_EXERCISES, ids=lambda p: p.stem)
+def test_no_exercise_shows_a_measurement_before_the_prediction(path):
+    shown = {c.id: c.outputs for c in measurement_cells(nf.read(path)) if c.outputs}
+    assert shown == {}, f"{path.name} stores the measured value a learner is asked to predict"
+
+
+def test_a_measurement_keeps_no_output_and_an_untagged_one_is_rejected():
+    solution = with_fake_outputs(nf.synthetic_solution())
+    measured = new_code_cell('print("measured", n_bytes)', id="measured", metadata={"tags": ["nbval-ignore-output"]},
+                             execution_count=9, outputs=[new_output("stream", name="stdout", text="measured 160\n")])
+    solution.cells.append(measured)
+    exercise = make_exercise(solution, "solutions/90_synthetic.ipynb")
+    assert nf.cell(exercise, "measured").outputs == [] and nf.cell(solution, "measured").outputs
+    assert nf.cell(exercise, "entries").outputs == nf.cell(solution, "entries").outputs  # a demonstration stays
+    nf.cell(solution, "ex13-check").source += "\nmeasured_bytes = 8 * q.shape[0] * k.shape[0]"
+    solution.cells.append(new_code_cell("print(measured_bytes)", id="shows-it"))
+    with pytest.raises(AuthoringError) as err:
+        make_exercise(solution, "solutions/90_synthetic.ipynb")
+    assert "reads measured_bytes, measured by check cell 'ex13-check'" in str(err.value)

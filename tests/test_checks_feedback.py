@@ -31,9 +31,20 @@ def test_an_attention_failure_names_the_query_row_and_tile(capsys):
     q, k, v = (rng.standard_normal((1, 2, 70, 8)) for _ in range(3))
     out = course_lib.attention(q, k, v)
     out[0, 1, 66] += 1  # one row of the second query tile of 64
-    report(lambda: checks.check_attention(out, q, k, v, name="att"))
+    report(lambda: checks.check_attention(out, q, k, v, name="att", block_q=64))
     text = capsys.readouterr().out
     assert "query row 66, in query tile 1 of 64 rows" in text
+    assert "errors in 1 of 2 heads (1)" in text
+
+
+def test_an_answer_without_tiles_is_told_its_row_and_no_tile(capsys):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 70, 8)) for _ in range(3))
+    out = course_lib.attention(q, k, v)
+    out[0, 1, 66] += 1
+    report(lambda: checks.check_attention(out, q, k, v, name="att"))
+    text = capsys.readouterr().out
+    assert "that is query row 66\n" in text and "tile" not in text
     assert "errors in 1 of 2 heads (1)" in text
 
 

@@ -69,7 +69,7 @@ def _planted():
             # the colleague's kernel, unfixed: a barrier not every thread reaches
             "9.7": _edit(a["9.7"], "    acc = float32(0.0)\n    for t in",
                          "    if row >= M or col >= N:\n        return\n    acc = float32(0.0)\n    for t in"),
-        }, {"9.1": ("error", "must be a @cuda.jit function"), "9.2": ("fail", "`BC` is not defined for the kernel"),
+        }, {"9.1": ("error", "must be a @cuda.jit function"), "9.2": ("fail", "`DMAX` is not defined for the kernel"),
             "9.3": ("fail", "race"), "9.4": ("error", "MemoryError"), "9.5": ("fail", "an import is not part"),
             "9.6": ("pass", ""), "9.7": ("fail", "barrier")}),
     }

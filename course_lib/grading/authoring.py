@@ -16,8 +16,11 @@ A check cell keeps no output: a learner who opens a fresh set must not see the
 solution's PASS lines under an unsolved stub.  Its passing output moves into the
 cell's ``metadata.course.expected_outputs``, where the grader's tamper test reads
 it and nbval can be handed it (tests run a solved exercise that way); an
-untouched exercise still fails exactly at its check cells.  Every other cell
-keeps its stored outputs.
+untouched exercise still fails exactly at its check cells.  A course cell that
+shows a measurement (tagged ``nbval-ignore-output``: a timing, a peak, a count a
+check measured) keeps no output either: a "predict, then measure" exercise must
+not show the measured value before the learner has predicted it.  Every other
+cell keeps its stored outputs.
 Cell ids are kept, because the grader matches a submission's cells by id.
 
 The output is byte-identical from run to run, so ``--check`` (and a test) can
@@ -32,6 +35,8 @@ import sys
 from pathlib import Path
 
 import nbformat
+
+from .names import cell_names
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent.parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -99,8 +104,38 @@ def make_exercise(nb, path=None):
         elif "check" in tags(cell):  # no PASS on show before the learner has written a line
             cell.metadata.setdefault("course", {})["expected_outputs"] = cell.outputs
             cell.outputs, cell.execution_count = [], None
+        elif shows_measurement(cell):  # the number to predict, on show before the prediction
+            cell.outputs, cell.execution_count = [], None
     nb.metadata.setdefault("course", {})["kind"] = "exercise"
     return nb
+
+
+def shows_measurement(cell) -> bool:
+    """A course code cell whose output is a measurement: its output depends on the machine or on
+    what a check measured, so it is tagged ``nbval-ignore-output`` (``validate`` holds a cell that
+    reads a check's names to that)."""
+    return (cell.cell_type == "code" and "nbval-ignore-output" in tags(cell)
+            and not {"answer", "check"} & set(tags(cell)))
+
+
+def _validate_measurements(nb, path) -> None:
+    """A course cell that prints what a check cell bound (its measurement) must be tagged
+    ``nbval-ignore-output``, so that the student copy does not show it."""
+    bound_by_check = {}  # name -> id of the check cell that bound it last
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        names = cell_names(cell.source)
+        if "check" in tags(cell):
+            bound_by_check.update(dict.fromkeys(names.bound, cell.id))
+            continue
+        read = sorted(n for n in names.free if n in bound_by_check)
+        if read and "answer" not in tags(cell) and not shows_measurement(cell):
+            raise AuthoringError(f"{_where(path, index, cell)}: reads {', '.join(read)}, measured by check cell "
+                                 f"{bound_by_check[read[0]]!r}; tag it 'nbval-ignore-output' so that the "
+                                 "exercise does not show the measurement before the learner predicts it")
+        for name in names.bound:
+            bound_by_check.pop(name, None)
 
 
 def _validate_setup(cell, where) -> None:
@@ -163,6 +198,7 @@ def validate(nb, path=None) -> None:
         if found[0] < max(answers[exercise]):
             raise AuthoringError(f"{path}: the check cell of exercise {exercise} (cell {found[0]}) "
                                  f"must come after its answer cells (last one: cell {max(answers[exercise])})")
+    _validate_measurements(nb, path)
     exercise_set = nb.metadata.get("course", {}).get("exercise_set")
     if path is not None and exercise_set != Path(path).stem:
         raise AuthoringError(f"{path}: metadata.course.exercise_set must be the file stem "
