@@ -50,12 +50,13 @@ def launch(name, variant):
 
     c = case(name)
     host = c.args()
-    on_device = {}   # one cudacheck.to_device stand-in passed twice is one device array here too
+    on_device = {}   # one cudacheck.to_device stand-in passed twice (or sliced) is one device array here too
     for a in host:
-        if isinstance(a, cudacheck.DeviceArray) and id(a) not in on_device:
-            on_device[id(a)] = cuda.to_device(a.copy_to_host())
+        if isinstance(a, cudacheck.DeviceArray) and id(a.root) not in on_device:
+            on_device[id(a.root)] = cuda.to_device(a.root.copy_to_host())
     dev = [cuda.device_array(a.shape, a.dtype) if isinstance(a, cudacheck.Uninitialized)
-           else on_device[id(a)] if isinstance(a, cudacheck.DeviceArray)
+           else (on_device[id(a.root)] if a.root is a else on_device[id(a.root)][a.index])
+           if isinstance(a, cudacheck.DeviceArray)
            else cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in host]
     getattr(c, variant)[c.griddim, c.blockdim](*dev)
     cuda.synchronize()

@@ -188,11 +188,11 @@ def test_a_kernel_that_raises_names_the_thread_and_line():
 
 def test_an_unmodelled_api_is_refused_with_what_is_modelled():
     @cuda.jit
-    def warp_barrier(out):
-        cuda.syncwarp()
+    def sleepy(out):
+        cuda.nanosleep(100)
         out[0] = 1
-    with pytest.raises(cudacheck.KernelError, match="cudacheck does not model cuda.syncwarp; .* shfl"):
-        cudacheck.check(warp_barrier, 1, 1, np.zeros(1, np.float32))
+    with pytest.raises(cudacheck.KernelError, match="cudacheck does not model cuda.nanosleep; .* shfl.* syncwarp"):
+        cudacheck.check(sleepy, 1, 1, np.zeros(1, np.float32))
 
 
 def test_a_float_index_is_a_clear_type_error():
@@ -584,3 +584,94 @@ def test_the_report_counts_global_reads_array_by_array():
     assert report.ok
     assert report.global_reads == {"x": 10, "idx": 10, "out": 0}
     assert report.traffic["global reads"] == sum(report.global_reads.values())
+
+
+# ------------------------------ learner-style kernels cudacheck was not written against
+
+
+def test_the_corpus_holds_at_least_30_learner_style_kernels_beside_the_first_ones():
+    from course_lib.cudacheck.corpus import attention, basics, gpu_model, reductions, tiles
+    learners = gpu_model.CASES + attention.CASES + tiles.CASES + reductions.CASES
+    assert len(learners) >= 30 and len(CASES) == len(basics.CASES) + len(learners)
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+def test_a_float_division_by_zero_gives_inf_and_nan_as_on_the_gpu():
+    @cuda.jit
+    def divide(a, out):
+        zero = 0.0
+        out[0] = 1.0 / zero
+        out[1] = zero / zero
+        x = -2.0
+        x /= zero
+        out[2] = x
+        out[3] = a[0] / a[1]        # numpy scalars: inf too, with no warning
+        out[4] = 6.0 / 3
+
+    out = np.zeros(5)
+    assert cudacheck.check(divide, 1, 1, np.array([1.0, 0.0], np.float32), out).ok
+    np.testing.assert_array_equal(out, [np.inf, np.nan, -np.inf, np.inf, 2.0])
+
+
+def test_an_integer_stored_into_a_narrower_element_is_an_overflow_at_the_learners_line():
+    c = next(c for c in CASES if c.name == "int8_accumulator_wraps")
+    report, args = run(c, "buggy")
+    assert report.kinds == {"integer_overflow"}
+    f = report.findings[0]
+    assert f.line == c.buggy.py_func.__code__.co_firstlineno + 6, str(report)
+    assert "a int8 holds -128 to 127: the GPU keeps the low 8 bits" in f.message
+    q, k, _ = c.args()
+    want = (q.astype(np.int64) @ k.astype(np.int64)).astype(np.int8)   # what the GPU leaves: the low 8 bits
+    np.testing.assert_array_equal(args[2], want)
+
+
+def test_syncwarp_orders_the_memory_of_the_lanes_it_names_and_nothing_else():
+    fixed = next(c for c in CASES if c.name == "last_warp_without_syncwarp")
+    assert run(fixed, "fixed")[0].ok
+
+    @cuda.jit
+    def two_warps(a, out):         # lane t of warp 0 reads what lane t of warp 1 wrote: syncwarp orders only a warp
+        s = cuda.shared.array(64, float32)
+        t = cuda.threadIdx.x
+        s[t] = a[t]
+        cuda.syncwarp()
+        out[t] = s[(t + 32) % 64] + s[t ^ 1]
+    report = cudacheck.check(two_warps, 1, 64, np.arange(64, dtype=np.float32), np.zeros(64, np.float32))
+    assert report.kinds == {"race"}
+    assert {f.index[0] for f in report.findings} == {32}, str(report)   # the first read across warps; s[t ^ 1] is ordered
+
+
+def test_activemask_names_the_lanes_of_the_branch_and_a_shuffle_outside_its_mask_is_flagged():
+    @cuda.jit
+    def masks(out):
+        t = cuda.threadIdx.x
+        if t < 40:
+            out[t] = cuda.activemask()
+        else:
+            out[t] = cuda.activemask()
+    out = np.zeros(64, np.int64)
+    assert cudacheck.check(masks, 1, 64, out).ok
+    assert out.tolist() == [0xFFFFFFFF] * 32 + [0xFF] * 8 + [0xFFFFFF00] * 24
+    c = next(c for c in CASES if c.name == "activemask_in_tail_branch")
+    finding = run(c, "buggy")[0].findings[0]
+    assert finding.kind == "uninitialized" and "its mask 0x000000ff does not name that lane" in finding.message
+
+
+def test_overlapping_slices_of_one_device_array_are_one_buffer():
+    x = cudacheck.to_device(np.arange(8, dtype=np.float32))
+    with pytest.raises(TypeError, match="not slices of a slice"):
+        x[1:][1:]
+    c = next(c for c in CASES if c.name == "overlapping_slices_in_place")
+    report = run(c, "buggy")[0]
+    assert report.findings[0].message.startswith("`dst` (the same device array as `src`): thread 1 of block 0 "
+                                                 "writes dst[1]")
+    src, dst = c.args()
+    assert cudacheck.check(c.fixed, c.griddim, c.blockdim, src, dst).ok
+    x = np.arange(64, dtype=np.float32) % 13 - 6
+    np.testing.assert_array_equal(src.root.copy_to_host(), np.r_[x[1:], x[-1:]])   # shifted left in place
+
+
+def test_an_atomic_update_of_memory_nobody_wrote_is_an_uninitialized_read():
+    c = next(c for c in CASES if c.name == "shared_total_not_zeroed")
+    finding = run(c, "buggy")[0].findings[0]
+    assert finding.kind == "uninitialized" and "with cuda.atomic.add" in finding.message

@@ -141,7 +141,21 @@ def test_shared_memory_overflow_is_refused_naming_block_k():
 
 def test_the_simulator_refuses_too_large_shapes_and_says_so():
     q, k, v = problem(512, 512, 2, 2, 16)
-    with pytest.raises(ValueError, match="takes only small problems.*shrink the shapes"):
+    with pytest.raises(ValueError, match=r"takes only small problems.*above 2000000 \(about \d+ s of .* on the "
+                                         r"course's machine\); shrink the shapes.*FLASH_SIM_MAX_WORK=16777216"):
+        course_lib.attention(q, k, v, impl="flash_numba_cuda")
+
+
+def test_a_caller_raises_the_simulator_s_limit_through_the_environment(monkeypatch):
+    q, k, v = problem(8, 8, 1, 1, 4)
+    monkeypatch.setenv("FLASH_SIM_MAX_WORK", "100")
+    with pytest.raises(ValueError, match=r"above 100 \(about 0 s"):
+        course_lib.attention(q, k, v, impl="flash_numba_cuda")
+    monkeypatch.setenv("FLASH_SIM_MAX_WORK", "512")
+    assert fnc.sim_max_work() == 512
+    course_lib.attention(q, k, v, impl="flash_numba_cuda")   # 8 * 8 * 8 = 512: just within
+    monkeypatch.setenv("FLASH_SIM_MAX_WORK", "lots")
+    with pytest.raises(ValueError, match="FLASH_SIM_MAX_WORK='lots': .* an integer"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda")
 
 
@@ -197,6 +211,8 @@ def test_numba_s_own_simulator_runs_the_same_kernel():
             "rng = np.random.default_rng(0)\n"
             "q = rng.standard_normal((1, 4, 11, 6)).astype(np.float32)\n"
             "k, v = (rng.standard_normal((1, 2, 9, 6)).astype(np.float32) for _ in range(2))\n"
+            "for x in (q, k, v):\n"
+            "    x.setflags(write=False)\n"   # inputs are never written back, as a launch's inputs are not
             "out, lse = course_lib.attention(q, k, v, impl='flash_numba_cuda', causal=True, block_q=4,"
             " block_k=4, return_lse=True)\n"
             "checks.check_attention(out, q, k, v, lse=lse, causal=True)\n"

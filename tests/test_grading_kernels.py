@@ -137,6 +137,16 @@ def test_what_is_outside_the_kernel_language_is_named_with_its_line(line):
     assert any(OUTSIDE[line] in p and "line 6" in p for p in problems), problems
 
 
+def test_every_part_of_cuda_that_cudacheck_models_is_in_the_kernel_language():
+    from course_lib import cudacheck
+    cell = ("@cuda.jit\ndef k(x, out):\n    i = cuda.grid(1)\n    v = cuda.shfl_down_sync(0xFFFFFFFF, x[i], 1)\n"
+            "    cuda.syncwarp()\n    out[i] = v + cuda.activemask() + cuda.ballot_sync(0xFFFFFFFF, v > 0)\n")
+    assert kernels.extract(cell).problems["k"] == []
+    assert set(cudacheck.MODELLED) <= kernels.MODULES["cuda"]
+    problems = kernels.extract("@cuda.jit\ndef k(x):\n    cuda.nanosleep(1)\n").problems["k"]
+    assert "`cuda.nanosleep` is not something" in problems[0] and "syncwarp, activemask" in problems[0]
+
+
 def test_a_kernel_named_like_the_graders_own_names_is_refused():
     problems = kernels.extract("@cuda.jit\ndef __builtins__(x):\n    x[0] = 1\n").problems["__builtins__"]
     assert problems and "double underscore" in problems[0]

@@ -23,13 +23,16 @@ twin, the same trick numba's own simulator uses, and follows calls into
 numpy arrays (copied in, and copied back if writable, as a launch does), device
 arrays, scalars, ``uninitialized(shape, dtype)`` where the GPU code would pass
 ``cuda.device_array`` (memory nobody has written yet) and ``to_device(array)``
-where it would pass ``cuda.to_device(array)``.
+where it would pass ``cuda.to_device(array)`` (slices of it, ``x[1:]``, are
+views of one device array, as slices of a device array are).
 
 It runs the kernel as the GPU would, not as Python would: a ``cuda.shared.array``
 is one array for the block, however often its declaration runs (a device
 function called twice, a loop's every trip); one device array passed as two
-arguments is one buffer; ``math`` gives IEEE results (``log(0.0)`` is -inf, not
-an error) and an integer cast such as ``int16(x)`` wraps to the type's width.
+arguments (or two overlapping slices of it) is one buffer; ``math`` and ``/``
+give IEEE results (``log(0.0)`` is -inf and ``1.0 / 0.0`` inf, not errors), an
+integer cast such as ``int16(x)`` wraps to the type's width, and an integer
+array's elements read as wide integers, as numba widens them before arithmetic.
 
 What it reports, naming the block and thread, the array, the index and the line:
 - ``race``: an element written by one thread and read or written by another
@@ -40,7 +43,13 @@ What it reports, naming the block and thread, the array, the index and the line:
 - ``out_of_bounds``: an index outside an axis of a global, shared or local
   array (also a negative one, which numba silently wraps to the other end);
 - ``uninitialized``: a read of shared or local memory, or of an
-  ``uninitialized`` argument, that nothing wrote earlier in this launch.
+  ``uninitialized`` argument, that nothing wrote earlier in this launch (an
+  atomic update of such an element too), or a shuffle reading a lane its mask
+  does not name;
+- ``integer_overflow``: a value stored into an integer element too narrow for
+  it (an int8 accumulator, an unclamped requantization): the GPU keeps the low
+  bits without a word.  An explicit cast (``int16(x)``) wraps silently: the
+  kernel asked for that width.
 
 Why its verdicts never depend on luck: each CUDA thread is a Python thread,
 but only one runs at a time, in a fixed order.  Thread 0 runs until it reaches
@@ -52,9 +61,11 @@ flagged on every run, and a kernel that is not is never flagged.
 
 Warp shuffles and votes (``shfl(_up/_down/_xor)_sync``, ``all/any/ballot_sync``)
 exchange values among the lanes waiting at them; a lane that the mask names and
-that never comes is a ``barrier`` finding.  Not modelled (each raises a clear
-error if a kernel uses it): ``syncwarp``, ``activemask``, dynamic shared memory,
-cooperative groups.  Its cost is a few microseconds per memory access: a tiled
+that never comes is a ``barrier`` finding.  ``syncwarp(mask)`` is a barrier of
+the lanes its mask names, with the same rule, and orders their memory accesses;
+``activemask()`` gives the lanes of the warp that reached that call together.
+``MODELLED`` lists what of ``cuda`` a kernel may use.  Not modelled (each raises
+a clear error if a kernel uses it): dynamic shared memory, cooperative groups.  Its cost is a few microseconds per memory access: a tiled
 attention kernel on a 2 x 2 grid of 32 threads checks in a second or two.
 
 The modules, in the order a launch meets them: ``binding`` (the kernel's
@@ -71,14 +82,14 @@ holds this package alone.
 from __future__ import annotations
 
 from .binding import STANDIN, SourceKernel, python_function
-from .fakecuda import WARP_SIZE
+from .fakecuda import MODELLED, WARP_SIZE
 from .grid import Dim3, dim3
 from .launch import Launch
 from .memory import DeviceArray, TracedArray, Uninitialized, to_device, uninitialized
 from .report import KINDS, Finding, KernelError, Report
 
 __all__ = ["check", "Report", "Finding", "KernelError", "KINDS", "uninitialized", "Uninitialized", "to_device",
-           "DeviceArray", "STANDIN", "SourceKernel", "TracedArray", "Dim3", "WARP_SIZE"]
+           "DeviceArray", "STANDIN", "SourceKernel", "TracedArray", "Dim3", "WARP_SIZE", "MODELLED"]
 
 
 def check(kernel, griddim, blockdim, *args) -> Report:

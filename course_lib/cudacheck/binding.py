@@ -2,10 +2,15 @@
 with ``cuda`` bound to the tracing twin; and ``STANDIN``, ``cuda`` where kernels are defined without numba."""
 from __future__ import annotations
 
+import ast
+import inspect
 import sys
+import textwrap
 import types
 
-from .gpumath import gpu_version
+from .gpumath import divide, gpu_version
+
+DIVIDE = "__cudacheck_divide__"   # the name a kernel's `/` calls in its checked copy
 
 
 class SourceKernel:
@@ -98,10 +103,13 @@ class Binder:
         if fn in self.done:
             return self.done[fn]
         globs = dict(fn.__globals__)
+        globs[DIVIDE] = divide
+        code = ieee_division(fn)
         closure = None
         if fn.__closure__:
-            closure = tuple(types.CellType(self.swap(_cell(c))) for c in fn.__closure__)
-        bound = types.FunctionType(fn.__code__, globs, fn.__name__, fn.__defaults__, closure)
+            cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+            closure = tuple(types.CellType(self.swap(_cell(cells[name]))) for name in code.co_freevars)
+        bound = types.FunctionType(code, globs, fn.__name__, fn.__defaults__, closure)
         bound.__kwdefaults__ = fn.__kwdefaults__
         self.done[fn] = bound
         for name in _global_names(fn.__code__):
@@ -123,3 +131,64 @@ def _global_names(code):
         if isinstance(const, types.CodeType):
             names |= _global_names(const)
     return names
+
+
+_DIVISION = {}   # a function's code -> the same code with every `/` a call of gpumath.divide
+
+
+def ieee_division(fn):
+    """``fn``'s code with ``a / b`` and ``a /= b`` computed as a GPU does (inf or nan by zero);
+    its own code where its source cannot be read or has no ``/``."""
+    code = fn.__code__
+    if code not in _DIVISION:
+        _DIVISION[code] = _rewrite_division(fn) or code
+    return _DIVISION[code]
+
+
+class _Division(ast.NodeTransformer):
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        if not isinstance(node.op, ast.Div):
+            return node
+        return ast.copy_location(ast.Call(ast.Name(DIVIDE, ast.Load()), [node.left, node.right], []), node)
+
+    def visit_AugAssign(self, node):
+        self.generic_visit(node)
+        if not isinstance(node.op, ast.Div) or not isinstance(node.target, (ast.Name, ast.Subscript)):
+            return node
+        read = ast.copy_location(type(node.target)(**{**vars(node.target), "ctx": ast.Load()}), node.target)
+        call = ast.copy_location(ast.Call(ast.Name(DIVIDE, ast.Load()), [read, node.value], []), node)
+        return ast.copy_location(ast.Assign([node.target], call), node)
+
+
+def _rewrite_division(fn):
+    code = fn.__code__
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):   # no source to read (a kernel built in memory): as it is
+        return None
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, ast.FunctionDef) or node.name != code.co_name or \
+            not any(isinstance(n, ast.Div) for n in ast.walk(node)):
+        return None
+    node.decorator_list = []
+    body = [_Division().visit(node)]
+    if code.co_freevars:   # a closure: define it inside a function whose locals are its free names
+        args = ast.arguments([], [ast.arg(name) for name in code.co_freevars], None, [], [], None, [])
+        body = [ast.FunctionDef("__cudacheck_outer__", args, body + [ast.Return(ast.Name(node.name, ast.Load()))],
+                                [], None)]
+    module = ast.fix_missing_locations(ast.Module(body, []))
+    ast.increment_lineno(module, code.co_firstlineno - 1)   # line 1 of the source read is co_firstlineno
+    compiled = compile(module, code.co_filename, "exec")
+    for const in _code_consts(compiled):
+        if const.co_name == code.co_name and const.co_firstlineno >= code.co_firstlineno:
+            return const
+    return None
+
+
+def _code_consts(code):
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield const
+            yield from _code_consts(const)

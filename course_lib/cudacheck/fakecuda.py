@@ -6,6 +6,14 @@ import sys
 from .gpumath import gpu_version
 from .memory import numpy_dtype
 
+# what a checked kernel may call on ``cuda`` beyond indices, arrays, barriers, fences and atomics
+WARP_OPS = ("shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "all_sync", "any_sync", "ballot_sync",
+            "syncwarp", "activemask")
+MODELLED = ("threadIdx", "blockIdx", "blockDim", "gridDim", "laneid", "warpsize", "grid", "gridsize",
+            "shared.array", "local.array", "const.array_like", "syncthreads", "syncthreads_count",
+            "syncthreads_and", "syncthreads_or", "threadfence", "threadfence_block", "threadfence_system",
+            "atomic.add", "atomic.sub", "atomic.max", "atomic.min", "atomic.exch", "atomic.cas") + WARP_OPS
+
 WARP_SIZE = 32
 
 
@@ -69,6 +77,12 @@ class FakeCuda:
     def ballot_sync(self, mask, predicate):
         return self._scheduler.warp_op(sys._getframe(1), "ballot_sync", mask, bool(predicate))
 
+    def syncwarp(self, mask=0xFFFFFFFF):
+        self._scheduler.warp_op(sys._getframe(1), "syncwarp", mask, None)
+
+    def activemask(self):
+        return self._scheduler.warp_op(sys._getframe(1), "activemask", 0, None)
+
     def threadfence(self):
         self._log.fence()   # this thread's writes so far are seen by any thread that sees its next atomic
 
@@ -82,10 +96,8 @@ class FakeCuda:
         if type(real).__module__.startswith("numba.core.types"):   # cuda.float32 and the like: plain types
             return gpu_version(real) or real
         raise NotImplementedError(
-            f"cudacheck does not model cuda.{name}; it models threadIdx, blockIdx, blockDim, gridDim, grid, "
-            "gridsize, shared.array, local.array, const.array_like, syncthreads(_count/_and/_or), threadfence, "
-            "atomic.add/sub/max/min/exch/cas, shfl(_up/_down/_xor)_sync and all/any/ballot_sync. Check a "
-            "version of the kernel without it.")
+            f"cudacheck does not model cuda.{name}; it models {', '.join(MODELLED)}. Check a version of the "
+            "kernel without it.")
 
 
 class _Arrays:

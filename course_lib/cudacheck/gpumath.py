@@ -1,6 +1,7 @@
 """Arithmetic as the GPU does it, where Python's differs: IEEE results where Python's ``math``
-raises (``log(0.0)`` is -inf, ``exp(1000.0)`` is inf, ``sqrt(-1.0)`` is nan), and integer casts
-that wrap to the type's width (``int16(33000)`` is -32536) where numba's host-side ones raise."""
+raises (``log(0.0)`` is -inf, ``exp(1000.0)`` is inf, ``sqrt(-1.0)`` is nan) and where its ``/``
+does (``1.0 / 0.0`` is inf, ``0.0 / 0.0`` nan), and integer casts that wrap to the type's width
+(``int16(33000)`` is -32536) where numba's host-side ones raise."""
 from __future__ import annotations
 
 import math
@@ -33,6 +34,18 @@ def _ieee(name, fallback):
 MATH = types.ModuleType("math", "math as a GPU computes it: IEEE results (inf, nan) where Python's raises")
 MATH.__dict__.update({name: value for name, value in vars(math).items() if not name.startswith("__")})
 MATH.__dict__.update({name: _ieee(name, f) for name, f in _IEEE.items() if hasattr(math, name)})
+
+
+def divide(a, b):
+    """``a / b`` as a GPU divides: by zero, inf or nan (IEEE), where Python raises ZeroDivisionError."""
+    try:
+        if b != 0:
+            return a / b
+    except (TypeError, ValueError):   # b is not a number (an array): Python's division says what it is
+        return a / b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.divide(a, b)
+    return float(q) if type(a) in (int, float, bool) and type(b) in (int, float, bool) else q
 
 
 def gpu_version(value):

@@ -7,7 +7,9 @@ them (same block, same interval) or by threads of two blocks (nothing orders blo
 """
 from __future__ import annotations
 
-from .memory import TracedArray, index_str, junk
+import numpy as np
+
+from .memory import TracedArray, index_str, outside
 from .sites import site, where
 
 
@@ -36,12 +38,21 @@ class AccessLog:
         self.pending_uninit = []
         self.new_interval()
 
-    def _conflicts(self, gtid, other, other_epoch):
-        """Two accesses by thread gtid (now) and other (in other_epoch) are unordered."""
-        return other != gtid and (other_epoch == self.epoch or other // self.nthreads != gtid // self.nthreads)
+    def _conflicts(self, t, other, other_epoch, other_phase):
+        """An access by thread ``t`` now and one by thread ``other`` in ``other_epoch`` (at its warp's
+        ``other_phase``) are unordered: another block, or this interval with no cuda.syncwarp() between."""
+        g, n = t.gtid, self.nthreads
+        if other == g:
+            return False
+        if other // n != g // n:
+            return True
+        if other_epoch != self.epoch:
+            return False
+        return other_phase is None or t.wphase <= other_phase or (other % n) // 32 != (g % n) // 32
 
-    # Who touched an element, kept small: the last write, and for reads the first two threads that read
-    # it in the latest interval that read it, plus one reader from an older block.  That is enough to
+    # Who touched an element, kept small: the last write, and for reads the first thread that read it in
+    # the latest interval that read it, the second (or the latest after a cuda.syncwarp()), plus one reader
+    # from an older block.  That is enough to
     # find a race on every racy element: blocks run in turn and intervals in order, so a write races
     # with an earlier read exactly when the reader is another thread of this interval or of an older
     # block, and if any such reader exists, one of the kept ones is such a reader.
@@ -51,28 +62,32 @@ class AccessLog:
         if mem.private:   # a thread's own local array: only whether it was ever written matters
             if key not in mem.writes:
                 self.pending_uninit.append((mem, key, self.scheduler.thread, site(frame), array, index))
-            return mem.flat[key]
+            return mem.flat[key] if mem.int_range is None else int(mem.flat[key])
         at = site(frame)
         t = self.scheduler.thread
         w = mem.writes.get(key)
         g = t.gtid
-        if w is not None and self._conflicts(g, w[0], w[1]) and not self._published(t, w):
+        if w is not None and self._conflicts(t, w[0], w[1], w[5]) and not self._published(t, w):
             self._race(mem, array, index, t, "reads", at, w[0], "wrote", w[2])
         slot = mem.reads.get(key)
         if slot is None:
-            mem.reads[key] = [self.epoch, g, at, None, None, None, None]
+            mem.reads[key] = [self.epoch, g, at, None, None, None, None, t.wphase, None]
         elif slot[0] != self.epoch:
             if slot[1] // self.nthreads != g // self.nthreads:   # keep one reader of an older block
                 slot[5], slot[6] = slot[1], slot[2]
             slot[:5] = [self.epoch, g, at, None, None]
-        elif slot[3] is None and slot[1] != g:
-            slot[3], slot[4] = g, at
+            slot[7], slot[8] = t.wphase, None
+        elif slot[1] != g and (slot[3] is None or t.wphase > slot[8]):   # the second: the latest warp phase's
+            slot[3], slot[4], slot[8] = g, at, t.wphase
         if not mem.initialized and key not in mem.writes:
             self.pending_uninit.append((mem, key, t, at, array, index))
-        return mem.flat[key]
+        return mem.flat[key] if mem.int_range is None else int(mem.flat[key])
 
     def write(self, mem, key, array, index, frame, value, atomic=False):
         mem.n_writes += 1
+        if mem.int_range is not None and isinstance(value, (int, np.integer)) and \
+                not mem.int_range[0] <= value <= mem.int_range[1]:
+            value = self._overflow(mem, array, index, frame, int(value))
         if mem.private:
             mem.writes[key] = True   # only whether it was written: nobody else can touch it
             mem.flat[key] = value
@@ -81,16 +96,17 @@ class AccessLog:
         t = self.scheduler.thread
         g = t.gtid
         w = mem.writes.get(key)
-        if w is not None and self._conflicts(g, w[0], w[1]) and not (atomic and w[3]) and not self._published(t, w):
+        if w is not None and self._conflicts(t, w[0], w[1], w[5]) and not (atomic and w[3]) and \
+                not self._published(t, w):
             self._race(mem, array, index, t, "writes", at, w[0], "wrote", w[2])
         slot = mem.reads.get(key)
         if slot is not None:
-            for reader, rsite, repoch in ((slot[1], slot[2], slot[0]), (slot[3], slot[4], slot[0]),
-                                          (slot[5], slot[6], -1)):
-                if reader is not None and self._conflicts(g, reader, repoch):
+            for reader, rsite, repoch, rphase in ((slot[1], slot[2], slot[0], slot[7]),
+                                                  (slot[3], slot[4], slot[0], slot[8]), (slot[5], slot[6], -1, None)):
+                if reader is not None and self._conflicts(t, reader, repoch, rphase):
                     self._race(mem, array, index, t, "writes", at, reader, "read", rsite)
                     break
-        mem.writes[key] = (g, self.epoch, at, atomic, self.clock)
+        mem.writes[key] = (g, self.epoch, at, atomic, self.clock, t.wphase)
         self.clock += 1
         mem.flat[key] = value
 
@@ -101,16 +117,36 @@ class AccessLog:
         key = ary._locate(idx, "updates", frame)
         if type(key) is not int:
             if key is None:
-                return ary.dtype.type(junk(ary.dtype))
+                return outside(ary.dtype)
             raise TypeError(f"cuda.atomic.{name}: index {idx!r} names a sub-array of {ary.name}, not an element")
         mem = ary._mem
         self._synchronize(mem, key)
         mem.n_reads += 1
-        old = mem.flat[key]
-        if not mem.initialized and key not in mem.writes:
-            self.pending_uninit.append((mem, key, self.scheduler.thread, site(frame), ary, idx))
+        old = mem.flat[key] if mem.int_range is None else int(mem.flat[key])
+        if not mem.initialized and key not in mem.writes:   # garbage, whoever updates the element next
+            t, at = self.scheduler.thread, site(frame)
+            self._report("uninitialized", (mem.name, at[1]), t,
+                         f"{self.grid.who(t)} updates {ary.name}[{index_str(idx)}] with cuda.atomic.{name} at "
+                         f"{where(at)}, but nothing wrote {mem.title()} there earlier in this launch, so the "
+                         f"update starts from garbage{self._uninit_hint(mem, key)}", mem, idx, at)
         self.write(mem, key, ary, idx, frame, update(old), atomic=True)
         return old
+
+    def _overflow(self, mem, array, index, frame, value):
+        """``value`` does not fit the integer element it is stored in: the GPU keeps its low bits."""
+        at, t = site(frame), self.scheduler.thread
+        lo, hi = mem.int_range
+        bits = 8 * mem.data.dtype.itemsize
+        kept = value & ((1 << bits) - 1)
+        if lo < 0 and kept > hi:
+            kept -= 1 << bits
+        self._report("integer_overflow", (mem.name, at[1]), t,
+                     f"{mem.title()} ({mem.data.dtype}): {self.grid.who(t)} stores {value} into "
+                     f"{array.name}[{index_str(index)}] at {where(at)}, but a {mem.data.dtype} holds {lo} to {hi}: "
+                     f"the GPU keeps the low {bits} bits, {kept}, without a word. Accumulate in a wider type "
+                     "(int32 for sums of int8 products) and clamp a value to the range before storing it into "
+                     "a narrow one.", mem, index, at)
+        return kept
 
     # Fences: the CUDA guide's last-block pattern is a write, cuda.threadfence(), then an atomic; a thread
     # whose atomic on the same element comes later sees the write (and so, after a barrier, its block does).

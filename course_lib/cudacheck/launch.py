@@ -12,7 +12,7 @@ from .binding import Binder
 from .fakecuda import FakeCuda
 from .grid import Grid
 from .hazards import AccessLog
-from .memory import Memory, TracedArray, Uninitialized, junk
+from .memory import DeviceArray, Memory, TracedArray, Uninitialized, junk
 from .report import Findings, KernelError, Report
 from .schedule import Scheduler
 from .sites import declared_name, site
@@ -45,7 +45,17 @@ class Launch:
             raise TypeError(f"{fn.__name__} takes {len(params)} arguments ({', '.join(params)}), "
                             f"{len(args)} were given")
         out, passed = [], {}   # passed: id of a device-side argument -> the array it became
+        buffers = {}           # id of a to_device array -> its buffer: its slices are views of it
         for name, arg in zip(params, args):
+            if isinstance(arg, DeviceArray):
+                root = arg.root
+                if id(root) in buffers:   # one device array (or slices of it) passed twice is one buffer
+                    mem = buffers[id(root)].alias(name)
+                else:
+                    mem = buffers[id(root)] = Memory(self.log, name, "global", root._host.copy(), True)
+                self.memories.append(mem)
+                out.append(TracedArray(mem, arg.view_of(mem.data), name))
+                continue
             if (isinstance(arg, Uninitialized) or hasattr(arg, "copy_to_host")) and id(arg) in passed:
                 mem = passed[id(arg)]._mem.alias(name)   # one device array passed twice is one buffer
                 self.memories.append(mem)
@@ -78,6 +88,8 @@ class Launch:
                 arg._host = traced._mem.data.copy()
             elif isinstance(arg, np.ndarray) and arg.flags.writeable:
                 arg[...] = traced._mem.data
+            elif isinstance(arg, DeviceArray):
+                arg.root.copy_to_device(traced._mem.data)
             elif hasattr(arg, "copy_to_device"):
                 arg.copy_to_device(traced._mem.data)
 

@@ -31,13 +31,28 @@ class Uninitialized:
 class DeviceArray:
     """An argument standing for ``cuda.to_device(host)``: GPU memory holding a copy of ``host``.
 
-    One object passed as two arguments is one buffer, as one device array is on the GPU.
+    One object passed as two arguments is one buffer, as one device array is on the GPU, and
+    so are slices of it (``x[1:]`` and ``x[:-1]`` overlap, as device array slices do).
     ``copy_to_host()`` gives what it holds (after a check: what the kernel left in it).
     """
 
-    def __init__(self, host):
-        self._host = np.array(host, order="C")
+    def __init__(self, host, root=None, index=None):
+        self._host = np.array(host, order="C") if root is None else host
+        self.root, self.index = root or self, index   # a slice: the array it was cut from, and how
         self.shape, self.dtype = self._host.shape, self._host.dtype
+
+    def __getitem__(self, index):
+        if self.root is not self:
+            raise TypeError("cudacheck models slices of the array to_device gave, not slices of a slice: "
+                            "cut it from the array itself")
+        view = self._host[index]
+        if not isinstance(view, np.ndarray):
+            raise TypeError(f"index {index!r} names an element, not a slice of the device array")
+        return DeviceArray(view, self, index)
+
+    def view_of(self, data):
+        """This array's elements within ``data``, a copy of its root's."""
+        return data if self.root is self else data[self.index]
 
     def copy_to_host(self):
         return self._host.copy()
@@ -71,6 +86,12 @@ def junk(dtype):
     return np.iinfo(dtype).max
 
 
+def outside(dtype):
+    """What an out-of-bounds read gives here (it is reported): NaN, or 0 for an int, which a loop
+    bound read past the end can take without running for ever."""
+    return dtype.type(np.nan if dtype.kind in "fc" else 0)
+
+
 class Memory:
     """One allocation: its data, and who touched each element when, for the checks in ``log``."""
 
@@ -86,6 +107,9 @@ class Memory:
         self.names = [name]      # global: every argument this buffer was passed as
         self.releases = {}       # flat index -> {thread: clock of its last threadfence before an atomic here}
         self.redeclared = False  # shared: a thread ran its declaration again (a second call, a loop's next trip)
+        # an integer array: (lo, hi) it can hold; its elements read as Python ints, as numba widens them
+        self.int_range = (int(np.iinfo(data.dtype).min), int(np.iinfo(data.dtype).max)) \
+            if data.dtype.kind in "iu" else None
 
     def alias(self, name):
         """The same buffer passed again, as argument ``name``: one log, its own name and counts."""
@@ -172,7 +196,7 @@ class TracedArray:
         if type(key) is int:
             return self._mem.log.read(self._mem, key, self, index, frame)
         if key is None:
-            return self.dtype.type(junk(self.dtype))
+            return outside(self.dtype)
         return key
 
     def __setitem__(self, index, value):

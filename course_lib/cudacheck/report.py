@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KINDS = ("race", "barrier", "out_of_bounds", "uninitialized")
+KINDS = ("race", "barrier", "out_of_bounds", "uninitialized", "integer_overflow")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from .corpus import CASES
 RECORD = Path(__file__).resolve().parents[2] / "notebooks" / "records" / "sanitizer_corpus.jsonl"
 TOOLS = ("racecheck", "memcheck", "initcheck", "synccheck")
 TOOL_OF_KIND = {"race": "racecheck", "out_of_bounds": "memcheck", "uninitialized": "initcheck",
-                "barrier": "synccheck"}
+                "barrier": "synccheck", "integer_overflow": None}   # no tool checks integer arithmetic
 
 
 def load_record(path=RECORD, *, every_run=False) -> list:

@@ -40,6 +40,7 @@ class SimThread:
         self.result = None
         self.error = None
         self.declarations = {}        # (code, line) -> how often this thread ran the shared array declared there
+        self.wphase = 0               # the cuda.syncwarp() its warp passed last (warps.resolve_warps counts them)
         self.fence = -1               # the access log's clock at this thread's last cuda.threadfence()
         self.acquired = {}            # thread -> clock up to which its writes are visible here (fence + atomic)
         self.os_thread = threading.Thread(target=self.main, daemon=True,
@@ -77,6 +78,7 @@ class Scheduler:
         each time all of them have reached a barrier or the end.  Returns the thread whose
         ``body`` raised (the block stops there), or None."""
         self.block_linear = linear
+        self.warp_phase = {}          # first lane of a warp -> the syncwarps it has passed
         blockIdx = unravel(linear, self.grid.griddim)
         threads = [SimThread(self, tid, blockIdx, body) for tid in range(self.grid.nthreads)]
         for t in threads:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cudacheck import MODELLED
 from . import wire
 
 # What a kernel may name besides its arguments, its locals and its cell's constants and kernels
@@ -47,13 +48,8 @@ MODULES = {
              "trunc", "isinf", "isnan", "isfinite", "inf", "nan", "pi", "e", "tanh", "sin", "cos", "tan",
              "erf", "copysign", "fmod", "hypot", "atan", "atan2", "sinh", "cosh", "asin", "acos"},
     "np": set(NUMBA_TYPES[:-1]) | {"bool_", "inf", "nan", "pi", "e"},
-    "cuda": {"threadIdx.x", "threadIdx.y", "threadIdx.z", "blockIdx.x", "blockIdx.y", "blockIdx.z",
-             "blockDim.x", "blockDim.y", "blockDim.z", "gridDim.x", "gridDim.y", "gridDim.z",
-             "threadIdx", "blockIdx", "blockDim", "gridDim", "grid", "gridsize", "laneid", "warpsize",
-             "syncthreads", "syncthreads_count", "syncthreads_and", "syncthreads_or",
-             "threadfence", "threadfence_block", "threadfence_system",
-             "shared.array", "local.array", "const.array_like",
-             "atomic.add", "atomic.sub", "atomic.max", "atomic.min", "atomic.exch", "atomic.cas", "jit"},
+    "cuda": set(MODELLED) | {f"{name}.{axis}" for name in ("threadIdx", "blockIdx", "blockDim", "gridDim")
+                             for axis in "xyz"} | {"jit"},
 }
 MODULES["numpy"] = MODULES["np"]
 VALUE_ATTRIBUTES = {"shape", "size", "ndim", "x", "y", "z"}   # of an array, or of threadIdx and the like
@@ -310,9 +306,7 @@ def _attribute(node, say):
     if isinstance(base, ast.Name) and base.id in MODULES:
         if path not in MODULES[base.id]:
             say(node, f"`{base.id}.{path}` is not something a kernel can use here"
-                      + (" (cudacheck models threadIdx, blockIdx, blockDim, gridDim, grid, gridsize, "
-                         "shared.array, local.array, const.array_like, syncthreads and atomic.*)"
-                         if base.id == "cuda" else ""))
+                      + (f" (cudacheck models {', '.join(MODELLED)})" if base.id == "cuda" else ""))
     elif any(part not in VALUE_ATTRIBUTES for part in chain):
         say(node, f"`.{path}`: a kernel reads only .shape, .size and .ndim of an array and .x / .y / .z")
 

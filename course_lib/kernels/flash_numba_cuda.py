@@ -33,11 +33,14 @@ numba's own simulator runs it.  Otherwise (no GPU, no simulator) the course's
 simulator, ``course_lib.cudacheck``, runs the very same kernel and also checks
 every access for races, out-of-bounds and uninitialised reads.  Both
 simulators run one Python thread per CUDA thread, so they take only small
-problems (``SIM_MAX_WORK``) and say so when given a larger one.
+problems (``SIM_MAX_WORK``) and say so when given a larger one, with how long
+the limit takes; the environment variable ``FLASH_SIM_MAX_WORK`` raises it.
+The inputs are copied to the device and never written back.
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,8 +61,26 @@ _GPU = hardware.hardware("h200")
 MAX_THREADS = _GPU.max_threads_per_block        # per block, on every CUDA GPU
 SHARED_BYTES = _GPU.static_smem_per_block       # static shared memory a block may use
 # The simulators run one Python thread per CUDA thread: B * H * Nq * Nk * (D + Dv)
-# above this takes minutes there, so they refuse it.
+# above this takes minutes there, so they refuse it, unless the environment variable
+# FLASH_SIM_MAX_WORK raises the limit (e.g. FLASH_SIM_MAX_WORK=20000000 for ten times as much).
 SIM_MAX_WORK = 2_000_000
+SIM_MAX_WORK_VARIABLE = "FLASH_SIM_MAX_WORK"
+# seconds per unit of that work, measured on the course's 2-core machine under a load of 3.5
+# (1 x 1 x 128 x 128, D = Dv = 16: 7.5 s in cudacheck, 1.6 s in numba's simulator)
+SIM_SECONDS_PER_UNIT = {"cudacheck": 1.4e-5, "numba simulator": 3.1e-6}
+
+
+def sim_max_work() -> int:
+    """The most work (B * H * Nq * Nk * (D + Dv)) a simulator run takes: SIM_MAX_WORK, or
+    the environment variable FLASH_SIM_MAX_WORK where a caller set it."""
+    value = os.environ.get(SIM_MAX_WORK_VARIABLE, "").strip()
+    if not value:
+        return SIM_MAX_WORK
+    try:
+        return int(value.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{SIM_MAX_WORK_VARIABLE}={value!r}: give the most work a simulator run may take "
+                         f"as an integer, e.g. {SIM_MAX_WORK_VARIABLE}={10 * SIM_MAX_WORK}") from None
 
 
 def available() -> bool:
@@ -250,21 +271,23 @@ def flash_forward(q, k, v, opts, mask):
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     runner = where()
-    if runner != "gpu" and B * H * Nq * Nk * (D + Dv) > SIM_MAX_WORK:
+    work, limit = B * H * Nq * Nk * (D + Dv), sim_max_work()
+    if runner != "gpu" and work > limit:
+        seconds = SIM_SECONDS_PER_UNIT[runner] * limit
         raise ValueError(f"flash_numba_cuda runs in the {runner} here (no GPU), which takes only small "
-                         f"problems: B*H*Nq*Nk*(D+Dv) = {B * H * Nq * Nk * (D + Dv)} is above "
-                         f"{SIM_MAX_WORK}; shrink the shapes (q {q.shape}, k {k.shape}) or run on a GPU")
+                         f"problems: B*H*Nq*Nk*(D+Dv) = {work} is above {limit} (about {seconds:.0f} s of "
+                         f"{runner} on the course's machine); shrink the shapes (q {q.shape}, k {k.shape}), "
+                         f"run on a GPU, or raise the limit: {SIM_MAX_WORK_VARIABLE}={work} in the environment")
     qa, ka, va = (np.ascontiguousarray(x) for x in (q, k, v))
     out = np.zeros(p.out_shape, dtype=np.float32)
     lse = np.zeros(p.out_shape[:3], dtype=np.float32)
-    if runner == "cudacheck":
+    if runner == "cudacheck":   # the inputs go in as device copies: nothing is written back into them
         from .. import cudacheck
-        report = cudacheck.check(p.kernel, p.griddim, p.blockdim, qa, ka, va, *p.args, out, lse)
+        inputs = [cudacheck.to_device(a) if isinstance(a, np.ndarray) else a for a in (qa, ka, va, *p.args)]
+        report = cudacheck.check(p.kernel, p.griddim, p.blockdim, *inputs, out, lse)
         if not report.ok:
             raise RuntimeError(f"flash_numba_cuda's kernel failed its check:\n{report}")
-    elif runner == "numba simulator":
-        p.kernel[p.griddim, p.blockdim](qa, ka, va, *p.args, out, lse)
-    else:
+    else:   # a GPU or numba's simulator: inputs copied to the device, never back
         device_args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in (qa, ka, va, *p.args)]
         d_out, d_lse = cuda.device_array_like(out), cuda.device_array_like(lse)
         p.kernel[p.griddim, p.blockdim](*device_args, d_out, d_lse)
