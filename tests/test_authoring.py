@@ -234,7 +234,7 @@ def test_no_exercise_shows_a_measurement_before_the_prediction(path):
     assert shown == {}, f"{path.name} stores the measured value a learner is asked to predict"
 
 
-def test_a_measurement_keeps_no_output_and_an_untagged_one_is_rejected():
+def test_measurements_keep_no_output_untagged_ones_are_refused():
     solution = with_fake_outputs(nf.synthetic_solution())
     measured = new_code_cell('print("measured", n_bytes)', id="measured", metadata={"tags": ["nbval-ignore-output"]},
                              execution_count=9, outputs=[new_output("stream", name="stdout", text="measured 160\n")])

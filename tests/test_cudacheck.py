@@ -98,7 +98,7 @@ def test_a_negative_index_is_flagged_though_numba_wraps_it():
     assert f.index == (-1,) and "numba wraps it to 63" in f.message
 
 
-def test_a_two_dimensional_index_past_its_row_is_out_of_bounds_though_inside_the_allocation():
+def test_a_2d_index_past_its_row_is_out_of_bounds():
     @cuda.jit
     def row_overrun(a, out):
         r, c = cuda.grid(2)
@@ -110,7 +110,7 @@ def test_a_two_dimensional_index_past_its_row_is_out_of_bounds_though_inside_the
     assert report.findings[0].thread == (0, 2)
 
 
-def test_a_barrier_that_some_threads_skip_names_who_waits_and_who_left():
+def test_a_skipped_barrier_names_who_waits_and_who_left():
     c = next(c for c in CASES if c.name == "early_return_before_barrier")
     f = run(c, "buggy")[0].findings[0]
     assert f.kind == "barrier"
@@ -124,7 +124,7 @@ def test_threads_at_two_different_barriers_are_flagged():
     assert "threads 0-31 wait at cuda.syncthreads()" in f.message and "threads 32-63 wait at the one" in f.message
 
 
-def test_a_read_of_a_slot_written_later_in_the_same_interval_is_a_race_not_an_uninitialized_read():
+def test_reading_a_slot_written_later_between_barriers_is_a_race():
     c = next(c for c in CASES if c.name == "reverse_no_barrier")
     assert run(c, "buggy")[0].kinds == {"race"}
 
@@ -161,7 +161,7 @@ def softmax_rows(s, out):
             out[r, j] = row[j] / total
 
 
-def test_device_functions_local_arrays_math_and_float32_run_and_compute():
+def test_device_functions_local_arrays_math_and_float32_run():
     s = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
     out = np.zeros_like(s)
     report = cudacheck.check(softmax_rows, 1, 8, s, out)
@@ -230,7 +230,7 @@ def test_the_kernel_objects_of_numbas_simulator_are_checked_too():
     assert out.stdout.strip() == "FakeCUDAKernel ['race']"
 
 
-def test_cudacheck_imports_alone_as_the_grader_s_kernel_sandbox_holds_it():
+def test_cudacheck_imports_alone_as_the_kernel_sandbox_holds_it():
     """The kernel sandbox binds the package beside its worker: no course_lib and no numba around it."""
     code = (
         "import sys\n"
@@ -263,7 +263,7 @@ def stage_and_sum(x, with_last_barrier):
     return total
 
 
-def test_a_shared_array_is_one_array_per_block_however_often_its_declaration_runs():
+def test_a_shared_array_is_one_per_block_however_often_declared():
     @cuda.jit
     def twice(a, out, with_last_barrier):
         t = cuda.threadIdx.x
@@ -278,7 +278,7 @@ def test_a_shared_array_is_one_array_per_block_however_often_its_declaration_run
     np.testing.assert_array_equal(out, np.full(32, 3 * a.sum(), np.float32))
 
 
-def test_one_device_array_passed_twice_is_one_buffer_and_host_arrays_are_copied_one_by_one():
+def test_a_device_array_passed_twice_is_one_buffer_host_arrays_two():
     @cuda.jit
     def shift(a, out):
         i = cuda.grid(1)
@@ -334,7 +334,7 @@ def test_an_integer_cast_wraps_to_its_width_as_on_the_gpu():
     assert out.tolist() == [-32536, 255, -2 ** 31 + 5, 3, -1]
 
 
-def test_a_tile_sized_for_a_bigger_block_is_named_as_the_cause_of_the_unwritten_reads():
+def test_a_tile_sized_for_a_bigger_block_is_named_as_the_cause():
     c = next(c for c in CASES if c.name == "tile_sized_for_another_block")
     report, _ = run(c, "buggy")
     assert report.kinds == {"uninitialized"}
@@ -344,7 +344,7 @@ def test_a_tile_sized_for_a_bigger_block_is_named_as_the_cause_of_the_unwritten_
     assert "elements, but the block has" not in str(run(other, "buggy")[0])
 
 
-def test_a_write_fenced_before_an_atomic_is_seen_by_the_block_whose_later_atomic_follows_it():
+def test_a_write_fenced_before_an_atomic_is_seen_by_later_atomics():
     c = next(c for c in CASES if c.name == "last_block_without_fence")
     assert run(c, "fixed")[0].ok                      # the CUDA guide's single-pass sum
     buggy = run(c, "buggy")[0].findings[0]            # the same without its threadfence
@@ -363,7 +363,7 @@ def test_a_write_fenced_before_an_atomic_is_seen_by_the_block_whose_later_atomic
     assert report.kinds == {"race"} and "Nothing orders two blocks" in str(report)
 
 
-def test_shuffles_and_votes_give_each_lane_what_the_warp_gives_it():
+def test_shuffles_and_votes_give_each_lane_what_the_warp_gives():
     @cuda.jit
     def warp_ops(a, out):
         i = cuda.grid(1)
@@ -390,7 +390,7 @@ def test_shuffles_and_votes_give_each_lane_what_the_warp_gives_it():
     np.testing.assert_array_equal(out[4], np.ones(64))
 
 
-def test_a_shuffle_whose_mask_names_a_lane_that_never_comes_is_a_barrier_finding():
+def test_a_shuffle_mask_naming_an_absent_lane_is_a_barrier_finding():
     c = next(c for c in CASES if c.name == "shuffle_inside_a_branch")
     finding = run(c, "buggy")[0].findings[0]
     assert finding.kind == "barrier"
@@ -403,7 +403,7 @@ def test_a_shuffle_whose_mask_names_a_lane_that_never_comes_is_a_barrier_finding
 RECORDED = [c for c in CASES if c.name in {r["case"] for r in load_record()}]
 
 
-def test_the_committed_record_holds_every_tool_for_its_cases_and_the_versions():
+def test_the_record_holds_every_tool_for_its_cases_and_versions():
     records = load_record()
     assert len(RECORDED) >= 16 and {r["case"] for r in records} <= {c.name for c in CASES}
     assert {(r["case"], r["variant"], r["tool"]) for r in records} == \
@@ -415,7 +415,7 @@ def test_the_committed_record_holds_every_tool_for_its_cases_and_the_versions():
 
 
 @pytest.mark.parametrize("c", RECORDED, ids=lambda c: c.name)
-def test_cudacheck_today_flags_every_bug_the_sanitizer_flagged_and_passes_the_twins_it_passed(c):
+def test_cudacheck_flags_what_the_sanitizer_flagged_passes_twins(c):
     records = {(r["variant"], r["tool"]): r for r in load_record() if r["case"] == c.name}
     buggy, fixed = run(c, "buggy")[0], run(c, "fixed")[0]
     assert sorted(buggy.kinds) == records[("buggy", TOOLS[0])]["cudacheck"]["kinds"]  # the record is current
@@ -427,7 +427,7 @@ def test_cudacheck_today_flags_every_bug_the_sanitizer_flagged_and_passes_the_tw
     assert fixed.ok
 
 
-def test_the_comparison_table_shows_the_date_versions_and_what_the_sanitizer_missed():
+def test_the_table_shows_date_versions_and_what_the_sanitizer_missed():
     table = comparison_table()
     env = load_record()[0]["environment"]
     assert table.startswith(f"Measured on {env['date'][:10]}: {env['gpu']}, driver {env['driver']}")
@@ -534,7 +534,7 @@ def flash_rows_kernel(second_barrier):
     return flash_rows
 
 
-def test_a_tiled_attention_kernel_with_tails_passes_and_its_answer_is_attention():
+def test_a_tiled_attention_kernel_with_tails_passes_and_is_right():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 40, D)).astype(np.float32) for _ in range(3))   # 40: tail tiles
     out = np.zeros_like(q)
@@ -545,7 +545,7 @@ def test_a_tiled_attention_kernel_with_tails_passes_and_its_answer_is_attention(
     np.testing.assert_allclose(out, (p / p.sum(-1, keepdims=True)) @ v, atol=1e-5)
 
 
-def test_the_same_kernel_without_its_second_barrier_is_a_race_on_the_k_tile():
+def test_without_its_second_barrier_it_races_on_the_k_tile():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 40, D)).astype(np.float32) for _ in range(3))
     report = cudacheck.check(flash_rows_kernel(False), (2, 2), 32, q, k, v, np.zeros_like(q), np.float32(0.25))
@@ -554,7 +554,7 @@ def test_the_same_kernel_without_its_second_barrier_is_a_race_on_the_k_tile():
     assert "at the end of the loop body" in report.findings[0].message
 
 
-def test_the_record_says_which_bugs_the_sanitizer_missed_and_that_cudacheck_missed_none():
+def test_the_record_says_what_the_sanitizer_missed_cudacheck_none():
     records = load_record()
     for r in records:
         flagged_by = [t for t in TOOLS if next(x for x in records if (x["case"], x["variant"], x["tool"]) ==
@@ -589,7 +589,7 @@ def test_the_report_counts_global_reads_array_by_array():
 # ------------------------------ learner-style kernels cudacheck was not written against
 
 
-def test_the_corpus_holds_at_least_30_learner_style_kernels_beside_the_first_ones():
+def test_the_corpus_holds_at_least_30_new_learner_style_kernels():
     from course_lib.cudacheck.corpus import attention, basics, gpu_model, reductions, tiles
     learners = gpu_model.CASES + attention.CASES + tiles.CASES + reductions.CASES
     assert len(learners) >= 30 and len(CASES) == len(basics.CASES) + len(learners)
@@ -613,7 +613,7 @@ def test_a_float_division_by_zero_gives_inf_and_nan_as_on_the_gpu():
     np.testing.assert_array_equal(out, [np.inf, np.nan, -np.inf, np.inf, 2.0])
 
 
-def test_an_integer_stored_into_a_narrower_element_is_an_overflow_at_the_learners_line():
+def test_a_too_narrow_integer_store_is_an_overflow_at_its_line():
     c = next(c for c in CASES if c.name == "int8_accumulator_wraps")
     report, args = run(c, "buggy")
     assert report.kinds == {"integer_overflow"}
@@ -625,7 +625,7 @@ def test_an_integer_stored_into_a_narrower_element_is_an_overflow_at_the_learner
     np.testing.assert_array_equal(args[2], want)
 
 
-def test_syncwarp_orders_the_memory_of_the_lanes_it_names_and_nothing_else():
+def test_syncwarp_orders_the_memory_of_the_lanes_it_names_only():
     fixed = next(c for c in CASES if c.name == "last_warp_without_syncwarp")
     assert run(fixed, "fixed")[0].ok
 
@@ -641,7 +641,7 @@ def test_syncwarp_orders_the_memory_of_the_lanes_it_names_and_nothing_else():
     assert {f.index[0] for f in report.findings} == {32}, str(report)   # the first read across warps; s[t ^ 1] is ordered
 
 
-def test_activemask_names_the_lanes_of_the_branch_and_a_shuffle_outside_its_mask_is_flagged():
+def test_activemask_names_the_branch_and_flags_shuffles_outside():
     @cuda.jit
     def masks(out):
         t = cuda.threadIdx.x
@@ -671,7 +671,7 @@ def test_overlapping_slices_of_one_device_array_are_one_buffer():
     np.testing.assert_array_equal(src.root.copy_to_host(), np.r_[x[1:], x[-1:]])   # shifted left in place
 
 
-def test_an_atomic_update_of_memory_nobody_wrote_is_an_uninitialized_read():
+def test_an_atomic_on_memory_nobody_wrote_is_uninitialized():
     c = next(c for c in CASES if c.name == "shared_total_not_zeroed")
     finding = run(c, "buggy")[0].findings[0]
     assert finding.kind == "uninitialized" and "with cuda.atomic.add" in finding.message

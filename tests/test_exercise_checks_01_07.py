@@ -140,7 +140,7 @@ def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
 
 
 @pytest.mark.parametrize("edit, first_visit", [(WRONG["5.4"][0], False), (WRONG["5.4"][1], True)])
-def test_a_wrong_fa1_is_told_which_of_lse_and_o_is_off_and_from_which_visit(edit, first_visit, capsys):
+def test_a_wrong_fa1_is_told_which_of_lse_and_o_is_off_and_when(edit, first_visit, capsys):
     with pytest.raises(checks.CheckFailed):
         run("5.4", edit)
     out = capsys.readouterr().out

@@ -146,7 +146,7 @@ def test_the_simulator_refuses_too_large_shapes_and_says_so():
         course_lib.attention(q, k, v, impl="flash_numba_cuda")
 
 
-def test_a_caller_raises_the_simulator_s_limit_through_the_environment(monkeypatch):
+def test_a_caller_raises_the_simulators_limit_by_environment(monkeypatch):
     q, k, v = problem(8, 8, 1, 1, 4)
     monkeypatch.setenv("FLASH_SIM_MAX_WORK", "100")
     with pytest.raises(ValueError, match=r"above 100 \(about 0 s"):

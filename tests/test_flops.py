@@ -8,7 +8,7 @@ from course_lib.core.masks import MaskSpec
 MASKS = [dict(), dict(causal=True), dict(causal=True, causal_align="top_left"), dict(window_size=(5, 3))]
 
 
-def test_flops_count_the_visible_pairs_so_decode_counts_every_key():
+def test_flops_count_visible_pairs_so_decode_counts_every_key():
     assert attention_flops(2, 3, 100, 300, 64) == 4 * 2 * 3 * 100 * 300 * 64
     n = 512
     assert attention_flops(1, 1, n, n, 64, causal=True) == 4 * 64 * n * (n + 1) // 2  # about half

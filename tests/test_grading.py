@@ -282,26 +282,26 @@ def test_the_solution_scores_full_points(batch):
     assert points(batch, "solution") == (6, 6)
 
 
-def test_warnings_and_outputs_cut_short_are_neither_wrong_nor_tampering(batch):
+def test_warnings_and_cut_outputs_are_neither_wrong_nor_tampering(batch):
     assert statuses(batch, "noisy") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
 
 
-def test_an_untouched_exercise_scores_nothing_and_fails_everywhere(batch):
+def test_an_untouched_exercise_scores_nothing(batch):
     assert statuses(batch, "untouched") == {"1.1": "fail", "1.2": "fail", "1.3": "fail"}
     assert set(reasons(batch, "untouched").values()) == {"not implemented yet"}
     assert points(batch, "untouched") == (0, 6)
 
 
-def test_a_partial_submission_scores_exactly_the_exercise_it_solved(batch):
+def test_a_partial_submission_scores_exactly_what_it_solved(batch):
     assert statuses(batch, "partial") == {"1.1": "pass", "1.2": "fail", "1.3": "fail"}
     assert points(batch, "partial") == (2, 6)
 
 
-def test_a_seeded_rng_main_guard_vars_and_any_import_are_honest_work(batch):
+def test_seeded_rngs_main_guards_vars_imports_are_honest_work(batch):
     assert statuses(batch, "honest_odd") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
 
 
-def test_display_numpy_integer_slices_and_a_fraction_are_honest_work(batch):
+def test_display_numpy_slices_and_fractions_are_honest_work(batch):
     assert statuses(batch, "honest_numpy_types") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}, \
         reasons(batch, "honest_numpy_types")
 
@@ -310,18 +310,18 @@ def test_edited_prose_is_not_tampering(batch):
     assert points(batch, "edited_prose") == (6, 6)
 
 
-def test_a_notebook_saved_without_cell_ids_is_graded_and_told_what_to_do(batch):
+def test_a_notebook_without_cell_ids_is_graded_and_told_what_to_do(batch):
     assert statuses(batch, "no_ids") == {"1.1": "pass", "1.2": "pass", "1.3": "pass"}
     assert all("without cell ids" in r and "JupyterLab" in r for r in reasons(batch, "no_ids").values())
 
 
-def test_an_extra_cell_is_not_run_and_the_reason_says_where_the_code_goes(batch):
+def test_an_extra_cell_is_not_run_and_told_where_code_goes(batch):
     assert statuses(batch, "extra_cell") == {"1.1": "error", "1.2": "pass", "1.3": "pass"}
     why = reasons(batch, "extra_cell")["1.1"]
     assert "helper" in why and "extra code cell" in why and "answer cell" in why
 
 
-def test_a_deleted_answer_cell_is_invalid_says_what_to_do_and_the_set_is_found_by_cell_ids(batch):
+def test_a_deleted_answer_cell_is_invalid_and_says_what_to_do(batch):
     result = batch["results"]["missing_answer"]
     assert result.exercise_set == nf.SYNTHETIC
     assert statuses(batch, "missing_answer") == {"1.1": "pass", "1.2": "invalid", "1.3": "pass"}
@@ -330,14 +330,14 @@ def test_a_deleted_answer_cell_is_invalid_says_what_to_do_and_the_set_is_found_b
 
 # -- broken work -----------------------------------------------------------------------
 
-def test_edited_check_outputs_and_check_cells_are_tampered_and_the_rest_still_graded(batch):
+def test_edited_checks_are_tampered_and_the_rest_still_graded(batch):
     assert statuses(batch, "edited_checks") == {"1.1": "tampered", "1.2": "tampered", "1.3": "pass"}
     assert "stored output" in reasons(batch, "edited_checks")["1.1"]
     assert "check cell of 1.2 was edited" in reasons(batch, "edited_checks")["1.2"]
     assert points(batch, "edited_checks") == (1, 6)
 
 
-def test_an_endless_loop_times_out_and_a_crash_is_an_error_that_costs_only_its_exercise(batch):
+def test_endless_loops_time_out_crashes_cost_only_their_exercise(batch):
     assert statuses(batch, "hang_and_crash") == {"1.1": "timeout", "1.2": "error", "1.3": "pass"}
     why = reasons(batch, "hang_and_crash")
     assert f"longer than {TIMEOUT} s" in why["1.1"]
@@ -345,11 +345,11 @@ def test_an_endless_loop_times_out_and_a_crash_is_an_error_that_costs_only_its_e
     assert points(batch, "hang_and_crash") == (1, 6)
 
 
-def test_a_loop_that_swallows_interrupts_is_stopped_from_outside_and_scored_timeout(batch):
+def test_a_loop_swallowing_interrupts_is_stopped_and_timed_out(batch):
     assert statuses(batch, "unstoppable") == {"1.1": "timeout", "1.2": "pass", "1.3": "pass"}
 
 
-def test_patching_numpy_in_the_sandbox_changes_nothing_in_the_checks(batch):
+def test_patching_numpy_in_the_sandbox_changes_no_check(batch):
     assert statuses(batch, "monkeypatch_numpy")["1.2"] == "fail"
 
 
@@ -360,7 +360,7 @@ def test_files_that_are_not_notebooks_of_this_course_are_invalid(batch, name):
     assert result.rows[0].reason
 
 
-def test_an_unreadable_file_gets_a_row_per_exercise_so_class_totals_stay_right(batch, course):
+def test_an_unreadable_file_gets_a_row_per_exercise(batch, course):
     rows = pipeline.expand_unknown(batch["all"], Course(course), nf.SYNTHETIC)
     broken = rows[list(batch["paths"]).index("not_json")]
     assert [(r.exercise, r.status, r.points, r.max_points) for r in broken.rows] == [
@@ -446,7 +446,7 @@ def test_the_table_is_plain_deterministic_text(batch):
     assert text.splitlines()[-1].split() == ["total", "2", "/", "6"]
 
 
-def test_the_command_line_grades_several_submissions_into_one_csv(course, tmp_path, capsys):
+def test_the_cli_grades_several_submissions_into_one_csv(course, tmp_path, capsys):
     exercise = course / "exercises" / f"{nf.SYNTHETIC}.ipynb"
     bad = tmp_path / "bad.ipynb"
     bad.write_text("{}")
@@ -458,7 +458,7 @@ def test_the_command_line_grades_several_submissions_into_one_csv(course, tmp_pa
     assert len(out.read_text().splitlines()) == 1 + 3 + 3
 
 
-def test_without_a_sandbox_others_submissions_are_refused_unless_trusted(course, tmp_path, capsys, monkeypatch):
+def test_without_a_sandbox_others_work_is_refused_unless_trusted(course, tmp_path, capsys, monkeypatch):
     solution = course / "solutions" / f"{nf.SYNTHETIC}.ipynb"
     monkeypatch.setattr(sandbox, "available", lambda: False)
     assert cli.main([str(solution), "--course-root", str(course)]) == 2
@@ -524,7 +524,7 @@ def test_the_learners_check_and_the_grader_agree(course, tmp_path):
         assert _in_kernel(course, answer) == graded == passes, (label, result.rows[0])
 
 
-def test_tolerance_comes_from_the_expected_dtype_never_the_answers():
+def test_tolerance_comes_from_the_expected_dtype():
     rng = np.random.default_rng(0)
     expected = rng.standard_normal(50)
     checks.check_close("float64 expected, exact answer", expected.copy(), expected)
@@ -557,7 +557,7 @@ def real_sets(tmp_path_factory):
 
 
 @pytest.mark.parametrize("path", REAL_SOLUTIONS, ids=lambda p: p.stem)
-def test_real_solution_scores_full_marks_untouched_zero_and_a_partial_exactly_its_part(real_sets, path):
+def test_solution_full_marks_untouched_zero_partial_its_part(real_sets, path):
     results, meta = real_sets
     names, points = meta[path.stem]
     solution, untouched, partial = (results[(path.stem, kind)] for kind in ("solution", "untouched", "partial"))
@@ -644,7 +644,7 @@ def test_a_right_output_by_the_wrong_algorithm_does_not_pass(wrong_algorithms, s
     assert all(r.status == "pass" for n, r in rows.items() if n != name), cli.format_result(result)
 
 
-def test_a_float64_answer_to_a_float32_case_passes_in_the_notebook_and_in_the_grader(tmp_path):
+def test_a_float64_answer_to_a_float32_case_passes_everywhere(tmp_path):
     """Set 01's 1.1 has a float32 case; an answer computed (more exactly) in float64 passes both,
     because the tolerance is the float32 case's, not the answer's."""
     answer = ("def scores(q, k, scale=None):\n    if scale is None:\n        scale = 1 / math.sqrt(q.shape[-1])\n"
@@ -686,7 +686,7 @@ except OSError:
 
 
 @pytest.mark.parametrize("userns", [True, False] if os.geteuid() == 0 else [True], ids=lambda u: "userns" if u else "setpriv")
-def test_the_sandbox_is_unprivileged_read_only_offline_and_sees_no_course(userns):
+def test_the_sandbox_is_unprivileged_read_only_offline_courseless(userns):
     with sandbox.Session(sandbox.Limits(), userns=userns) as session:
         session.exec([PROBE], timeout=60)
         seen = session.get("seen", timeout=60)
@@ -698,7 +698,7 @@ def test_the_sandbox_is_unprivileged_read_only_offline_and_sees_no_course(userns
                                  "tmp", "usr", *(p.split("/")[1] for p in map(str, sandbox._python_roots()))}
 
 
-def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inputs(course, tmp_path):
+def test_a_table_of_published_outputs_fails_on_fresh_inputs(course, tmp_path):
     """The notebook's inputs are seeded and public: outputs computed elsewhere and pasted in pass
     the checks as published, and fail when the grader draws the same cases from a secret salt."""
     rng = np.random.default_rng(0)  # the synthetic set's setup cell
@@ -711,7 +711,7 @@ def test_a_table_of_the_published_cases_outputs_is_worth_nothing_with_fresh_inpu
     assert [r.status for r in fresh.rows[1:]] == ["pass", "pass"]
 
 
-def test_the_command_line_grades_on_fresh_inputs_unless_told_to_use_the_published_ones(course, tmp_path, capsys):
+def test_the_cli_grades_on_fresh_inputs_unless_told_otherwise(course, tmp_path, capsys):
     rng = np.random.default_rng(0)  # the synthetic set's setup cell
     q, k = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
     table = f"TABLE = np.array({(q @ k.T).tolist()!r})\ndef scores(q, k):\n    return TABLE"
@@ -730,7 +730,7 @@ def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
         assert result.total[0] == result.total[1], cli.format_result(result)
 
 
-def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_path):
+def test_a_table_of_fixed_case_outputs_fails_on_fresh_inputs(tmp_path):
     """1.5's cases are a fixed list and a few seeded draws: a table of their outputs, recorded by
     running the published check, passes as published and fails on fresh inputs."""
     from course_lib.models import memory
@@ -761,7 +761,7 @@ def test_a_table_of_a_fixed_case_exercises_outputs_fails_on_fresh_inputs(tmp_pat
     assert same["1.5"] == "pass" and fresh["1.5"] == "error"  # a KeyError: the table has no such case
 
 
-def test_numba_answers_compile_in_the_sandbox_with_cache_and_prange():
+def test_numba_answers_compile_in_the_sandbox():
     """Set 08's answers are numba kernels: cache=True needs the cell in a real file, prange a lock."""
     cell = ("from numba import njit, prange\n\n@njit(parallel=True, cache=True)\ndef twice(x):\n"
             "    out = np.empty_like(x)\n    for i in prange(x.shape[0]):\n        out[i] = 2 * x[i]\n    return out")
@@ -798,7 +798,7 @@ prediction = Fraction(3, 7)
 """
 
 
-def test_numpy_integers_strings_fractions_and_display_cross_as_a_notebook_has_them():
+def test_numpy_scalars_fractions_and_display_cross_as_in_notebook():
     from fractions import Fraction
     reader = _Reader()
     with sandbox.Session(sandbox.Limits()) as session:
@@ -811,7 +811,7 @@ def test_numpy_integers_strings_fractions_and_display_cross_as_a_notebook_has_th
     assert type(prediction) is Fraction and prediction == Fraction(3, 7)
 
 
-def test_a_compiled_answer_may_use_the_number_constants_of_the_course_cells():
+def test_a_compiled_answer_may_use_the_course_cells_constants():
     """Set 08's course cell defines EMPTY, PARTIAL, FULL = 0, 1, 2; a kernel that names them runs
     in the learner's notebook, and so in the sandbox."""
     from course_lib.grading import names
@@ -855,7 +855,7 @@ def _builtins_solution():
                  "course": {"chapter": "91", "kind": "solution", "exercise_set": BUILTINS_SET}})
 
 
-def test_an_answer_that_defines_builtins_does_not_change_the_checks_builtins(tmp_path_factory):
+def test_an_answer_defining_builtins_leaves_the_checks_builtins(tmp_path_factory):
     """A check reads range, len, min and float from the grader's builtins, whatever the answer binds:
     only the names an exercise asks for cross from the sandbox (here `squares`)."""
     root = nf.make_course(tmp_path_factory.mktemp("builtins"), {BUILTINS_SET: _builtins_solution()})
@@ -919,7 +919,7 @@ def test_a_check_cells_own_loop_stops_at_the_checks_deadline(loops):
     assert [(r.status, r.reason) for r in looping.rows] == [("timeout", "the check ran longer than 3 s"), ("pass", "")]
 
 
-def test_a_submission_stops_at_its_own_deadline_and_the_others_keep_their_marks(loops):
+def test_a_submission_stops_at_its_deadline_others_keep_marks(loops):
     root, paths = loops
     solution, looping = pipeline.grade_all(paths, Course(root), pipeline.Options(timeout=30, submission_timeout=4),
                                            jobs=2)
@@ -939,7 +939,7 @@ def flood():
 """
 
 
-def test_a_reply_whose_data_keeps_arriving_still_stops_at_its_deadline():
+def test_a_reply_that_keeps_arriving_stops_at_its_deadline():
     with sandbox.Session(sandbox.Limits()) as session:
         session.exec([FLOOD], timeout=60)
         start = time.monotonic()
@@ -963,7 +963,7 @@ def hog(wait):
 
 
 @pytest.mark.parametrize("wait", [20, 0], ids=["while-the-grader-waits", "while-the-grader-runs-a-check"])
-def test_the_memory_of_all_a_sandboxs_processes_together_is_limited(wait):
+def test_the_memory_of_a_sandboxs_processes_together_is_limited(wait):
     with sandbox.Session(sandbox.Limits(memory_bytes=2**30)) as session:
         session.exec(["import numpy as np", HOG], timeout=60)
         start = time.monotonic()
@@ -985,7 +985,7 @@ def start(n):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a uid per sandbox needs a grader running as root")
-def test_each_sandbox_has_a_process_limit_of_its_own_and_the_reason_names_it():
+def test_each_sandbox_has_its_own_process_limit_named_in_reasons():
     from course_lib.grading import session as grading_session
     limits = sandbox.Limits(processes=48)
     with sandbox.Session(limits) as greedy, sandbox.Session(limits) as other:
@@ -1014,7 +1014,7 @@ def test_the_sandbox_leaves_no_file_of_its_output_behind(tmp_path, monkeypatch):
         run.close()
 
 
-def test_a_fifo_named_like_a_notebook_is_invalid_at_once_and_the_batch_goes_on(course, tmp_path):
+def test_a_fifo_named_like_a_notebook_is_invalid_at_once(course, tmp_path):
     import threading
     fifo = tmp_path / "pipe.ipynb"
     os.mkfifo(fifo)

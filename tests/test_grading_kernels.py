@@ -90,7 +90,7 @@ def graded(tmp_path_factory):
 
 @needs_sandbox
 @pytest.mark.parametrize("submission", ["mistakes", "attacks"])
-def test_each_planted_kernel_fails_with_its_reason_and_costs_only_its_exercise(graded, submission):
+def test_each_planted_kernel_fails_with_its_reason_alone(graded, submission):
     rows, planted = graded
     for exercise, (status, words) in planted[submission][1].items():
         row = rows[submission][exercise]
@@ -130,14 +130,14 @@ OUTSIDE = {  # a line of a kernel body -> words of the problem it must be report
 
 
 @pytest.mark.parametrize("line", OUTSIDE)
-def test_what_is_outside_the_kernel_language_is_named_with_its_line(line):
+def test_what_is_outside_the_kernel_language_is_named_by_line(line):
     cell = f"N = 4\n\n@cuda.jit\ndef k(x, out):\n    i = cuda.grid(1)\n    {line}\n    out[i] = x[i] * N\n"
     problems = kernels.extract(cell).problems["k"]
     assert problems and all(p.startswith("k, line ") for p in problems)
     assert any(OUTSIDE[line] in p and "line 6" in p for p in problems), problems
 
 
-def test_every_part_of_cuda_that_cudacheck_models_is_in_the_kernel_language():
+def test_every_part_of_cuda_cudacheck_models_is_kernel_language():
     from course_lib import cudacheck
     cell = ("@cuda.jit\ndef k(x, out):\n    i = cuda.grid(1)\n    v = cuda.shfl_down_sync(0xFFFFFFFF, x[i], 1)\n"
             "    cuda.syncwarp()\n    out[i] = v + cuda.activemask() + cuda.ballot_sync(0xFFFFFFFF, v > 0)\n")
@@ -152,7 +152,7 @@ def test_a_kernel_named_like_the_graders_own_names_is_refused():
     assert problems and "double underscore" in problems[0]
 
 
-def test_only_the_cells_kernels_and_constants_are_kept_with_their_line_numbers():
+def test_only_kernels_and_constants_are_kept_with_their_lines():
     cell = "import os\nN = 4\nos.system('x')\n\n@cuda.jit\ndef k(x):\n    x[0] = N\nprint('done')\n"
     found = kernels.extract(cell)
     assert found.names == ["k"] and found.source.splitlines() == ["", "N = 4", "", "", "@cuda.jit",
@@ -178,7 +178,7 @@ def test_a_statement_beside_a_constant_on_its_line_is_not_kept():
 
 
 @needs_sandbox
-def test_code_smuggled_beside_a_constant_never_runs_in_the_kernel_sandbox():
+def test_code_smuggled_beside_a_constant_never_runs():
     """Before, the whole line ran there and replaced cudacheck.check with one that wrote the answer."""
     found = kernels.extract(SMUGGLING)
     x, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
@@ -188,7 +188,7 @@ def test_code_smuggled_beside_a_constant_never_runs_in_the_kernel_sandbox():
     assert report.ok and out.tolist() == [0.0] * 4   # the empty kernel wrote nothing
 
 
-def test_a_constant_too_deep_to_read_is_refused_by_name_and_does_not_raise():
+def test_a_constant_too_deep_to_read_is_refused_by_name():
     found = kernels.extract(DEEP + "@cuda.jit\ndef k(x):\n    x[0] = DEEP\n")
     assert "DEEP =" not in found.source and len(found.problems["k"]) == 1
     assert "`DEEP` is no kernel constant (nested more than" in found.problems["k"][0]
@@ -203,7 +203,7 @@ def _notebook_kernel(tmp_path, cell):
     return namespace["k"]
 
 
-def test_the_notebooks_check_refuses_what_the_grader_would_with_the_same_words(tmp_path, capsys):
+def test_the_notebook_refuses_what_the_grader_would_in_its_words(tmp_path, capsys):
     good = _notebook_kernel(tmp_path, "@cuda.jit\ndef k(x):\n    x[cuda.grid(1)] = 1.0\n")
     kernels.require_gradable(good)
     bad = _notebook_kernel(tmp_path, "@cuda.jit\ndef k(x):\n    x[cuda.grid(1)] = len([1])\n")

@@ -52,7 +52,7 @@ def records(name, **where):
 # --- the grading line -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_a_notebook_grades_with_its_own_python_never_a_bare_python(path):
+def test_a_notebook_grades_with_its_own_python(path):
     """`!python` runs whichever python is first on the PATH (the wrong one outside `make lab`)."""
     nb = json.loads(path.read_text())
     bare = [cell["id"] for cell in nb["cells"] if re.search(r"!\s*python3? -m course_lib\.grade", "".join(cell["source"]))]
@@ -60,7 +60,7 @@ def test_a_notebook_grades_with_its_own_python_never_a_bare_python(path):
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "exercises").glob("*.ipynb")), ids=lambda p: p.stem)
-def test_every_exercise_set_tells_the_learner_how_to_grade_it_in_the_notebook(path):
+def test_every_set_tells_the_learner_how_to_grade_it(path):
     text = "".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"])
     assert f"!{{sys.executable}} -m course_lib.grade {path.name}" in text and "import sys" in text
 
@@ -73,7 +73,7 @@ def test_fa2_compiles_no_head_dim_224_or_160():
 
 
 @pytest.mark.parametrize("name", ["06_masks", "07_tails_varlen_bad_input"])
-def test_the_head_dims_a_chapter_says_fa2_compiles_are_conventions_fa2_head_dims(name):
+def test_fa2_head_dims_in_chapters_are_the_conventions(name):
     listed = only(r"compiles (?:head dims )?((?:\d+, )+\d+ and \d+)", markdown(name)).group(1)
     dims = tuple(int(d) for d in re.findall(r"\d+", listed))
     assert 224 not in dims and dims == conventions.FA2_HEAD_DIMS
@@ -81,7 +81,7 @@ def test_the_head_dims_a_chapter_says_fa2_compiles_are_conventions_fa2_head_dims
 
 # --- chapter 01 -------------------------------------------------------------------------------
 
-def test_chapter_01_names_the_float16_overflow_logit_its_cell_prints():
+def test_chapter_01_names_the_float16_overflow_its_cell_prints():
     """exp(11) = 59,874 fits in float16 (max 65,504); the first integer logit that overflows is 12."""
     out = next(printed(c) for c in cells("01_naive_attention") if "so exp(s) overflows for s >" in printed(c))
     threshold = float(only(r"float16: max \S+, so exp\(s\) overflows for s > ([\d.]+)", out).group(1))
@@ -98,7 +98,7 @@ def _cpu_times():
     return {(r["impl"], r["shape"][2], r["shape"][4], r["causal"]): r["time_s"] for r in sweep}
 
 
-def test_chapter_08_quotes_the_speed_ups_over_naive_that_its_record_holds():
+def test_chapter_08_quotes_the_speed_ups_its_record_holds():
     t = _cpu_times()
     ratios = {n: [t["naive", n, d, False] / t["flash_numba_cpu", n, d, False] for d in (64, 128)]
               for (impl, n, _, _) in t if impl == "naive"}
@@ -111,7 +111,7 @@ def test_chapter_08_quotes_the_speed_ups_over_naive_that_its_record_holds():
     assert (float(high.group(1)), float(high.group(2))) == (round(min(above), 1), round(max(above), 1))
 
 
-def test_chapter_08_quotes_what_doubling_the_head_dim_cost_in_its_record():
+def test_chapter_08_quotes_the_head_dim_cost_its_record_holds():
     t = _cpu_times()
     text = markdown("08_numba_cpu")
     found = only(r"`flash_numba_cpu` differ by ([\d.]+)-([\d.]+)x and PyTorch's by ([\d.]+)-([\d.]+)x", text)
@@ -123,7 +123,7 @@ def test_chapter_08_quotes_what_doubling_the_head_dim_cost_in_its_record():
 
 # --- chapters 09 and 10: the GPU records -------------------------------------------------------
 
-def test_chapter_10_says_by_what_factor_arithmetic_is_the_floor_as_its_cell_prints():
+def test_chapter_10_gives_the_floor_factor_its_cell_prints():
     cs = cells("10_gpu_performance")
     at = next(i for i, c in enumerate(cs) if "floor by a factor of about" in c["source"])
     out = next(printed(c) for c in reversed(cs[:at]) if c["cell_type"] == "code")
@@ -132,7 +132,7 @@ def test_chapter_10_says_by_what_factor_arithmetic_is_the_floor_as_its_cell_prin
     assert said == pytest.approx(flops_ms / bytes_ms, rel=0.05)
 
 
-def test_chapter_10_gives_attentions_intensity_as_n_over_the_element_size():
+def test_chapter_10_gives_the_intensity_as_n_over_element_size():
     """4 B H N^2 D FLOPs over 4 B H N D b bytes: N / b for every D, 1024 at N = 4096 in fp32."""
     cs = cells("10_gpu_performance")
     out = next(printed(c) for c in cs if "intensity" in printed(c) and "FLOP/byte" in printed(c))
@@ -141,14 +141,14 @@ def test_chapter_10_gives_attentions_intensity_as_n_over_the_element_size():
     assert "$N / b$" in text and not re.search(r"N\s*/\s*2\b", text)
 
 
-def test_chapter_10_counts_the_tilings_the_autotuner_timed_per_head_dim():
+def test_chapter_10_counts_the_tilings_timed_per_head_dim():
     words = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "ten": 10}
     said = only(r"the autotuner timed (\w+) tilings of `tiled_staged` per head dim", markdown("10_gpu_performance"))
     tuned = records("gpu_steps", benchmark="gpu_steps_tune")
     assert {d: sum(r["D"] == d for r in tuned) for d in (64, 128)} == {64: words[said.group(1)], 128: words[said.group(1)]}
 
 
-def test_chapter_10_names_tileds_micro_tile_as_its_record_tiled_it():
+def test_chapter_10_names_tileds_micro_tile_as_recorded():
     """A thread of a (threads / tx) x tx block owns Br / (threads / tx) rows and Bc / tx keys of S."""
     said = only(r"`tiled`'s \$(\d+) \\times (\d+)\$ micro-tile issues (\d+)\s+scalar loads for (\d+) FMAs",
                 markdown("10_gpu_performance"))
@@ -157,7 +157,7 @@ def test_chapter_10_names_tileds_micro_tile_as_its_record_tiled_it():
     assert [int(x) for x in said.groups()] == [rm, rn, rm + rn, rm * rn]
 
 
-def test_chapter_09_splits_the_row_kernels_local_bytes_into_the_score_array_and_the_spills():
+def test_chapter_09_splits_local_bytes_into_scores_and_spills():
     """s_i is 4 * Bc bytes of local memory by design; only what is left is spilled registers."""
     text = markdown("09_numba_cuda")
     row = {r["shape"][4]: r for r in records("gpu_attention", benchmark="gpu_attention", impl="flash_numba_cuda")}
@@ -170,7 +170,7 @@ def test_chapter_09_splits_the_row_kernels_local_bytes_into_the_score_array_and_
     assert scores == 4 * bc and spilled == local - scores
 
 
-def test_sdpas_memory_efficient_fp32_kernel_is_called_a_tensor_core_kernel():
+def test_sdpas_efficient_fp32_kernel_is_called_tensor_core():
     """allow_tf32 = False leaves it on the tensor cores (CUTLASS 3xTF32); the ncu record names it."""
     traffic = records("gpu_traffic", impl="torch_sdpa_efficient")
     assert traffic and all(any("cutlassF_f32" in k for k in r["kernels"]) for r in traffic)

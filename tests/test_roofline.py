@@ -254,7 +254,7 @@ def test_a_device_name_finds_its_preset_and_a_cpu_finds_none():
     assert hardware.preset_for("AMD EPYC 9654") is None and hardware.preset_for(None) is None
 
 
-def test_sram_rounds_registers_by_every_gpu_presets_allocation_unit():
+def test_sram_rounds_registers_by_the_presets_allocation_unit():
     from course_lib.models import sram
     gpus = [hw for hw in hardware.HARDWARE.values() if hw.registers_per_unit is not None]
     assert gpus and all(hw.register_allocation_unit == 32 * sram.REGISTER_GRANULE for hw in gpus)
