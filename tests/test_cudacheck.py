@@ -566,10 +566,17 @@ def test_the_record_says_what_the_sanitizer_missed_cudacheck_none():
     assert "blocks_add_to_one_element" in missed and "reverse_no_barrier" not in missed
 
 
-def test_a_bug_that_showed_on_the_gpu_in_one_run_only_says_so():
-    assert "| `reverse_no_barrier` (" in comparison_table()
+def test_a_bug_that_showed_on_the_gpu_in_some_runs_only_says_so():
+    from course_lib.cudacheck import sanitizer_record
+    plain = [r["plain_run"] for r in sanitizer_record.load_record(every_run=True)
+             if (r["case"], r["variant"], r["tool"]) == ("reverse_no_barrier", "buggy", sanitizer_record.TOOLS[0])]
+    wrong = sum(not r["matches_spec"] for r in plain)
+    assert 0 < wrong < len(plain)  # the race showed on the H200 in some runs, not all
     row = next(line for line in comparison_table().splitlines() if line.startswith("| `reverse_no_barrier`"))
-    assert row.endswith("| wrong in 1 of 2 runs |")
+    assert row.endswith(f"| wrong in {wrong} of {len(plain)} runs |")
+    ok = {"status": "ok", "matches_spec": True}
+    assert sanitizer_record._gpu_answer([ok, ok]) == "right anyway"
+    assert sanitizer_record._gpu_answer([ok, dict(ok, matches_spec=False)]) == "wrong in 1 of 2 runs"
 
 
 def test_the_report_counts_global_reads_array_by_array():
