@@ -468,6 +468,35 @@ def test_without_a_sandbox_others_work_is_refused_unless_trusted(course, tmp_pat
     assert "6 / 6 points" in capsys.readouterr().out
 
 
+def test_without_a_sandbox_ones_own_notebook_is_graded_with_a_note(course, capsys, monkeypatch):
+    own = course / "exercises" / f"{nf.SYNTHETIC}.ipynb"
+    monkeypatch.setattr(sandbox, "available", lambda: False)
+    assert cli.main([str(own), "--course-root", str(course), "--timeout", str(TIMEOUT)]) == 0
+    out, err = capsys.readouterr()
+    assert "graded 1 submission: 0 / 6 points" in out
+    assert len(err.splitlines()) == 1 and "without a sandbox" in err and "your own notebook" in err
+    solution = course / "solutions" / f"{nf.SYNTHETIC}.ipynb"
+    assert cli.main([str(own), str(solution), "--course-root", str(course)]) == 2  # one's own is one notebook
+    assert "no sandbox" in capsys.readouterr().err
+
+
+def test_a_python_named_through_a_folder_the_sandbox_lacks_starts(tmp_path, monkeypatch):
+    """``../.venv/bin/python`` run in exercises/: a path through a folder not bound in the sandbox."""
+    folder = tmp_path / "exercises"
+    folder.mkdir()
+    monkeypatch.setattr(sys, "executable", os.path.join(folder, os.path.relpath(sys.executable, folder)))
+    with sandbox.Session(sandbox.Limits()) as session:
+        assert session.exec(["x = 1"], timeout=60) == {"x": "data"}
+
+
+def test_why_no_sandbox_names_the_python_that_did_not_start(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/nowhere/bin/python")
+    why = sandbox.why_unavailable()
+    assert "bubblewrap starts" in why and "(/nowhere/bin/python) does not start inside it" in why
+    monkeypatch.setattr(sandbox, "bwrap", lambda: None)
+    assert sandbox.why_unavailable() == "bubblewrap (bwrap) is not installed"
+
+
 def test_help_explains_the_statuses(capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main(["--help"])

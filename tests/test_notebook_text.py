@@ -91,6 +91,16 @@ def test_chapter_01_names_the_float16_overflow_its_cell_prints():
     assert summary == lecture == math.ceil(threshold)
 
 
+def test_chapter_01_leaves_exercise_1_7s_peak_multiple_unsaid():
+    """Exercise 1.7 asks the learner to predict naive attention's peak as a multiple of the bytes of S,
+    and to name the S-sized arrays alive at it: the lecture's prose states neither (its printed
+    column of measurements may show the number, after the learner has read the code)."""
+    sentences = re.split(r"(?<=[.;:])\s+", markdown("01_naive_attention"))
+    told = [s for s in sentences if re.search(r"\bpeak", s) and re.search(
+        r"\b(three|3(\.\d+)?)\s*(x\b|×|times|arrays|\$?S\$?-sized)|exp\(S - m\)|scaled scores", s, re.I)]
+    assert told == [], "leave the peak's multiple of S, and which arrays make it, to exercise 1.7"
+
+
 # --- chapter 08 -------------------------------------------------------------------------------
 
 def _cpu_times():

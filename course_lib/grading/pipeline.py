@@ -281,9 +281,9 @@ def grade_all(paths, course: Course, options: Options | None = None, jobs=1):
         originals.setdefault(Path(p).resolve(), str(p))
     if not options.trusted and not sandbox.available():
         raise NoSandbox(
-            "no sandbox: bubblewrap (bwrap) is " + ("not installed" if not sandbox.bwrap() else "installed but does not start here")
-            + ". Grading others' notebooks without one lets their code act as you. Install it (Debian / Ubuntu: "
-            "apt-get install bubblewrap), or pass --trusted to grade notebooks you trust (your own) without it.")
+            f"no sandbox: {sandbox.why_unavailable()}. Grading others' notebooks without one lets their code "
+            "act as you. Install bubblewrap (Debian / Ubuntu: apt-get install bubblewrap), or pass --trusted to "
+            "grade notebooks you trust without it (your own, one at a time in exercises/, needs no --trusted).")
     if jobs <= 1:
         results = [grade(originals[p], course, options) for p in unique]
     else:

@@ -93,6 +93,14 @@ def _python_roots():
     return sorted({r for r in roots if r.exists()} | {r.resolve() for r in roots if r.exists()})
 
 
+def interpreter() -> str:
+    """This Python by a path the sandbox can follow: its folder resolved, as only the environment is
+    bound inside (``exercises/../.venv/bin`` goes through a folder the sandbox has not), its name kept
+    (a virtual environment's ``python`` is a link, and Python finds its environment by that name)."""
+    return os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(sys.executable))),
+                        os.path.basename(sys.executable))
+
+
 def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False, uid=SANDBOX_UID):
     import course_lib  # only to hide it where it is installed
 
@@ -145,11 +153,11 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False, uid=
     else:
         argv[1:1] = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
         argv.append("--")
-    return argv + [sys.executable, "-I", "-B", "/grader/worker.py", str(in_fd), str(out_fd)] + (["kernels"] if kernels else [])
+    return argv + [interpreter(), "-I", "-B", "/grader/worker.py", str(in_fd), str(out_fd)] + (["kernels"] if kernels else [])
 
 
 def _plain_argv(in_fd, out_fd, kernels=False):
-    return [sys.executable, "-I", "-B", str(HERE / "worker.py"), str(in_fd), str(out_fd)] + (["kernels"] if kernels else [])
+    return [interpreter(), "-I", "-B", str(HERE / "worker.py"), str(in_fd), str(out_fd)] + (["kernels"] if kernels else [])
 
 
 _PROBED = {}
@@ -167,6 +175,25 @@ def available() -> bool:
                 ok = False
         _PROBED["ok"] = ok
     return _PROBED["ok"]
+
+
+def why_unavailable() -> str:
+    """What stops the sandbox here, in words: no bubblewrap, a bubblewrap that does not start, or a
+    Python that does not start inside it."""
+    if not bwrap():
+        return "bubblewrap (bwrap) is not installed"
+    userns = ["--unshare-user"] if os.geteuid() != 0 else []
+    try:
+        tried = subprocess.run([bwrap(), *userns, "--unshare-pid", "--ro-bind", "/", "/", "true"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap is installed but does not start here ({exc})"
+    if tried.returncode != 0:
+        said = (tried.stderr.strip().splitlines() or [f"exit status {tried.returncode}"])[-1]
+        return f"bubblewrap is installed but does not start here ({said})"
+    return (f"bubblewrap starts, but this Python ({interpreter()}) does not start inside it, where only "
+            f"{', '.join(map(str, _python_roots()))} and the system's folders are bound: run the grader "
+            "with the course's .venv/bin/python")
 
 
 class Session:
