@@ -31,10 +31,11 @@ CUDA_IMPLS = [name for name, impl in kernels.IMPLS.items() if impl.cuda]
 
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, seed):
+    """Read-only inputs, as a check cell hands them: a kernel must never write them."""
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((B, H, Nq, D)).astype(np.float32),
-            rng.standard_normal((B, Hk, Nk, D)).astype(np.float32),
-            rng.standard_normal((B, Hk, Nk, Dv)).astype(np.float32))
+    return checks.readonly(rng.standard_normal((B, H, Nq, D)).astype(np.float32),
+                           rng.standard_normal((B, Hk, Nk, D)).astype(np.float32),
+                           rng.standard_normal((B, Hk, Nk, Dv)).astype(np.float32))
 
 
 def verdict(fn):

@@ -178,13 +178,12 @@ def forward(q, k, v, opts, mask, step="tuned", *, tiling=None, splits=1):
     lse = np.full(p.out_shape[:3], np.nan, dtype=np.float32)
     parts = (np.full((p.splits, *p.out_shape), np.nan, dtype=np.float32),
              np.full((p.splits, *p.out_shape[:3]), np.nan, dtype=np.float32))
-    arrays = (qa, ka, va, out, lse, *parts)
-    if on_gpu():
-        arrays = tuple(cuda.to_device(a) for a in arrays)
-        p = replace(p, args=tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in p.args))
+    # device arrays on the GPU and in the simulator alike: a launch with host arrays copies every
+    # one of them back, and the inputs may be read-only (they are never written)
+    arrays = tuple(cuda.to_device(a) for a in (qa, ka, va, out, lse, *parts))
+    p = replace(p, args=tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in p.args))
     launcher(p, *arrays)()
-    if on_gpu():
-        out, lse = arrays[3].copy_to_host(), arrays[4].copy_to_host()
+    out, lse = arrays[3].copy_to_host(), arrays[4].copy_to_host()
     return out, nan_lse_where_out_is_nan(out, lse).astype(rules.lse_dtype(q.dtype), copy=False)
 
 
