@@ -145,7 +145,7 @@ def draw_step(trace: Trace, step: int, fig=None):
         a.set_xlabel("K/V tiles folded in")
         a.set_xlim(0.5, trace.Tc + 0.5)
     ax_e.set_ylim(1e-17, 10)
-    ax_m.legend(fontsize=8, loc="lower right")
+    ax_m.legend(loc="lower right")
     return fig
 
 
