@@ -1,8 +1,10 @@
-"""No figure text below 9 pt at its shown size.
+"""What a lecture's figures show a reader: no text below 9 pt, and no figure twice in a row.
 
 A figure is drawn at 1.6x and shown at its figsize, so a font size in points is the size a
-reader sees.  The test reads every explicit font size in the lectures' code cells and in
-``course_lib/views``, and the font sizes of the figure style's rcParams.
+reader sees.  The tests read every explicit font size in the lectures' code cells and in
+``course_lib/views``, and the font sizes of the figure style's rcParams.  An explorer's stored
+output is its figure (that is what the web shows), so the next cell must not draw it again
+with the explorer's static twin.
 """
 import re
 from pathlib import Path
@@ -65,3 +67,18 @@ def test_figure_style_fonts_are_at_least_9_pt():
     assert "font.size" in fonts and "xtick.labelsize" in fonts  # the keys the scan is meant to cover
     small = {k: v for k, v in fonts.items() if not isinstance(v, (int, float)) or v < MIN_POINTS}
     assert not small, f"figstyle.RC fonts below {MIN_POINTS} pt (or named, relative sizes): {small}"
+
+
+EXPLORER_CALL = re.compile(r"\b(\w+)_explorer\(")
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
+def test_an_explorers_stored_figure_is_not_drawn_again_by_its_twin(path):
+    code = [cell for cell in nbformat.reads(path.read_text(), as_version=4).cells if cell.cell_type == "code"]
+    twice = []
+    for cell, following in zip(code, code[1:]):
+        shows_png = any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
+        for name in EXPLORER_CALL.findall(cell.source):
+            if shows_png and re.search(rf"\b{name}_figure\(", following.source):
+                twice.append(f"{cell.get('id')} then {following.get('id')}: {name}")
+    assert not twice, f"{path.name}: the explorer's figure, then its static twin's, in a row: {twice}"
