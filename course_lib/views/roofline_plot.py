@@ -44,7 +44,7 @@ def draw_roofline(ax, machines, points=(), *, dtype="float16", source="datasheet
     ax.set_xlabel("arithmetic intensity (FLOP / byte, at the level each point counts)")
     ax.set_ylabel("attainable FLOP/s")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(loc="lower right")
     return ax
 
 

@@ -101,7 +101,7 @@ def draw_step(trace: Trace, step: int, fig=None):
         raise ValueError(f"step must be between 1 and {trace.Tc} (the number of K/V tiles), got {step}")
     fig = fig or plt.figure(figsize=(11, 6.2))
     fig.clf()
-    grid = fig.add_gridspec(2, 3, height_ratios=[1, 1.15], hspace=0.45, wspace=0.35)
+    grid = fig.add_gridspec(2, 3, height_ratios=[1, 1.15], hspace=0.45, wspace=0.35, right=0.88)  # room for the rows' key
     Br, Nk = trace.S.shape
     current = trace.steps[step - 1]
     colours = plt.cm.tab10(np.arange(Br) % 10)
@@ -132,7 +132,7 @@ def draw_step(trace: Trace, step: int, fig=None):
     exact = trace.out
     err = np.array([np.max(np.abs(finalize(s.m, s.l, s.O)[0] - exact), axis=1) for s in trace.steps[:step]])
     for r in range(Br):
-        ax_m.plot(steps, m_hist[:, r], "o-", color=colours[r], ms=4, label=f"row {r}")
+        ax_m.plot(steps, m_hist[:, r], "o-", color=colours[r], ms=4, label=f"{r}")
         ax_m.axhline(final_m[r], color=colours[r], ls=":", lw=1)
         ax_l.plot(steps, l_hist[:, r], "o-", color=colours[r], ms=4)
         rescaled = (alpha_hist[:, r] < 1) & (alpha_hist[:, r] > 0)  # 0: nothing to rescale yet
@@ -145,7 +145,8 @@ def draw_step(trace: Trace, step: int, fig=None):
         a.set_xlabel("K/V tiles folded in")
         a.set_xlim(0.5, trace.Tc + 0.5)
     ax_e.set_ylim(1e-17, 10)
-    ax_m.legend(fontsize=8, loc="lower right")
+    # one key for the three panels, right of them: inside a panel it would hide lines and points
+    ax_e.legend(*ax_m.get_legend_handles_labels(), title="query row", loc="center left", bbox_to_anchor=(1.03, 0.5))
     return fig
 
 

@@ -87,7 +87,7 @@ def plot_tile_map(seqlen_q, seqlen_k, block_q, block_k, *, causal=False,
     ax.set_title(f"Nq={seqlen_q}, Nk={seqlen_k}, tiles {block_q}x{block_k}{grid_note}\n{counts}", fontsize=9)
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()]
               + [Patch(color="#bbbbbb", label="hidden pairs: paler")],
-              loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+              loc="upper left", bbox_to_anchor=(1.01, 1))
     return ax.figure
 
 

@@ -437,11 +437,11 @@ def _draw_roofline(fig, r: RooflineResult):
         levels.append(hw_exp)
     for roof, text, colour in labels:
         below = _room_below(roof, levels) > _room_above(roof, levels) and _room_above(roof, levels) < 4
-        ax.text(0.6, roof * (0.8 if below else 1.15), text, fontsize=8, color=colour,
+        ax.text(0.6, roof * (0.8 if below else 1.15), text, fontsize=9, color=colour,
                 va="top" if below else "bottom")
     ax.set_title(f"Attention on the roofline: N={r.seqlen}, D={r.head_dim}, {r.dtype}"
                  f"{', causal' if r.causal else ''}", fontsize=11)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8, frameon=False)  # below: hides no point
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)  # below: hides no point
     fig.tight_layout()
 
 
