@@ -6,13 +6,7 @@ import pytest
 
 import course_lib
 from course_lib import checks
-
-
-def make_qkv(rng, batch, heads, heads_k, nq, nk, d, dv, dtype=np.float64):
-    q = rng.standard_normal((batch, heads, nq, d))
-    k = rng.standard_normal((batch, heads_k, nk, d))
-    v = rng.standard_normal((batch, heads_k, nk, dv))
-    return tuple(x.astype(dtype) for x in (q, k, v))
+from inputs import make_qkv
 
 
 def _fa_softcap_inputs():

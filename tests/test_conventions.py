@@ -9,13 +9,7 @@ import pytest
 import course_lib
 from course_lib.core import conventions
 from course_lib.core.options import AttentionOptions
-
-
-def make_qkv(rng, batch, heads, heads_k, nq, nk, d, dv, dtype=np.float64):
-    q = rng.standard_normal((batch, heads, nq, d))
-    k = rng.standard_normal((batch, heads_k, nk, d))
-    v = rng.standard_normal((batch, heads_k, nk, dv))
-    return tuple(x.astype(dtype) for x in (q, k, v))
+from inputs import make_qkv
 
 
 def test_fa2_causal_alibi_keeps_the_output_and_shifts_the_lse():

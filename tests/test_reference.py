@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import course_lib
 from course_lib import checks
+from inputs import make_qkv
 from oracle import oracle_attention
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -22,13 +23,6 @@ DTYPES = [np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16), BF16
 # for unit-normal inputs and head_dim <= 16 (a few roundings of O(1) values).
 ORACLE_BOUND = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-2, "bfloat16": 1.2e-1}
 BASE_IMPLS = ["reference", "naive"]
-
-
-def make_qkv(rng, batch, heads, heads_k, nq, nk, d, dv, dtype=np.float64):
-    q = rng.standard_normal((batch, heads, nq, d))
-    k = rng.standard_normal((batch, heads_k, nk, d))
-    v = rng.standard_normal((batch, heads_k, nk, dv))
-    return tuple(x.astype(dtype) for x in (q, k, v))
 
 
 def assert_matches_oracle(out, lse, q, k, v, **options):
