@@ -27,8 +27,7 @@ chapter 08 plots them:
   one down; the median over the rounds is recorded, and the ratios the
   chapter quotes come from here.
 
-PyTorch is a peer, not a dependency: ``pip install -e ".[peers]"`` brings the
-pinned CPU build; without it the benchmark says so and measures the rest.  Its
+PyTorch's CPU build is one of the course's dependencies (pyproject.toml).  Its
 ``scaled_dot_product_attention`` on the CPU is itself a FlashAttention kernel
 (``torch_sdpa_flash``).  Threads: numba and torch each use every core here.
 
@@ -179,7 +178,7 @@ def main(argv=None):
     impls = list(args.impls)
     if any(i.startswith("torch_") for i in impls) and not torch_available():
         print("PyTorch is not installed: torch_sdpa_flash is left out "
-              "(pip install -e '.[peers]' brings the pinned CPU build)")
+              "(make venv installs the pinned CPU build)")
         impls = [i for i in impls if not i.startswith("torch_")]
     env = bench.environment()
     if torch_available():
