@@ -55,17 +55,21 @@ def child(impl, B, H, N, D, tuned):
     print("CHILD-EXTRA " + json.dumps(extra))
 
 
-def parse(text):
-    """Sum each metric over the kernels ncu profiled (its --csv --page raw output)."""
+def kernel_rows(text, metrics):
+    """One {metric: value} per kernel ncu profiled, in launch order (its --csv --page raw output)."""
     lines = [line for line in text.splitlines() if line.startswith('"')]
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
-    rows = [r for r in rows if r.get("Kernel Name") and r.get(METRICS[0], "").replace(",", "").replace(".", "").isdigit()]
-    total = {m: 0.0 for m in METRICS}
-    units = {}
-    for r in rows:
-        for m in METRICS:
-            total[m] += float(r[m].replace(",", ""))
-    return total, [r["Kernel Name"][:80] for r in rows], units
+    rows = [r for r in rows if r.get("Kernel Name") and r.get(metrics[0], "").replace(",", "").replace(".", "").isdigit()]
+    return [{"kernel": r["Kernel Name"][:80],
+             **{m: float(r[m].replace(",", "")) for m in metrics if r.get(m, "").replace(",", "").replace(".", "").isdigit()}}
+            for r in rows]
+
+
+def parse(text):
+    """Sum each metric over the kernels ncu profiled."""
+    rows = kernel_rows(text, METRICS)
+    total = {m: sum(r.get(m, 0.0) for r in rows) for m in METRICS}
+    return total, [r["kernel"] for r in rows], {}
 
 
 def predictions(B, H, N, D, tiling):
