@@ -1057,3 +1057,74 @@ def test_a_fifo_named_like_a_notebook_is_invalid_at_once(course, tmp_path):
     assert [(r.status, r.reason) for r in results[0].rows] == [("invalid", "not a notebook: not a regular file "
                                                                            "(a pipe, a device or a folder)")]
     assert results[1].total == (6, 6)
+
+
+HOLD = """import subprocess, sys
+print("ready", flush=True)
+sys.stdin.readline()            # the test says when to start
+started = []
+try:
+    for _ in range(int(sys.argv[1])):
+        started.append(subprocess.Popen(["sleep", sys.argv[2]]))
+except OSError:
+    pass
+print(len(started), flush=True)
+"""
+
+
+def _readable_by_others(path):
+    """Whether a user who is neither the owner nor in the group can reach ``path``."""
+    path = Path(path)
+    for p in [path, *path.parents]:
+        try:
+            mode = p.stat().st_mode
+        except OSError:
+            return False
+        if not mode & (0o001 if p != path else 0o004 | (0o001 if p.is_dir() else 0)):
+            return False
+    return True
+
+
+def test_the_sandboxes_of_a_grader_that_is_not_root_each_have_their_own_process_limit(monkeypatch):
+    """A grader that is not root runs each sandbox in a user namespace of its own. Its process limit
+    must be set inside that namespace, where the kernel counts the sandbox's processes alone: set
+    before bwrap, it counted every process of the grader's user, so one sandbox holding its limit
+    starved the next. The sandboxes here are the grader's own bwrap command line, run as nobody."""
+    if os.geteuid() != 0:
+        pytest.skip("this test drops to nobody itself, which needs root")
+    limits = sandbox.Limits(processes=20)
+    argv = sandbox._bwrap_argv(0, 1, limits, userns=True)
+    prefix, drop, i = argv[:argv.index(sandbox.interpreter())], set(), 0
+    while i < len(prefix):   # binds nobody cannot reach (a checkout or Python under /root) are not needed here
+        if prefix[i] in ("--ro-bind", "--bind") and not _readable_by_others(prefix[i + 1]):
+            drop.update((i, i + 1, i + 2))
+        i += 3 if prefix[i] in ("--ro-bind", "--bind") else 1
+    prefix = [a for j, a in enumerate(prefix) if j not in drop]
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *prefix, "/usr/bin/python3", "-c", HOLD]
+    # the limits a grader running as nobody sets in each sandbox's first process, before bwrap
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)
+    monkeypatch.setattr(os, "getuid", lambda: 65534)
+    session = sandbox.Session.__new__(sandbox.Session)
+    session.limits = limits
+    def start(*args):
+        p = subprocess.Popen(nobody + list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             preexec_fn=session._child_limits)
+        assert p.stdout.readline() == "ready\n"
+        return p
+
+    def go(p):
+        p.stdin.write("\n")
+        p.stdin.flush()
+        return int(p.stdout.readline())
+
+    other = start("10", "0")        # started first, so a limit counted per user left it no room
+    greedy = start("40", "30")
+    try:
+        held = go(greedy)
+        got = go(other)
+    finally:
+        for p in (greedy, other):
+            p.kill()
+            p.wait()
+    assert 10 <= held < 20          # the greedy sandbox met its own limit (bwrap and python count too) ...
+    assert got == 10                # ... and the other one still had all of its own

@@ -13,8 +13,8 @@ On Linux the worker (``worker.py``) runs under bubblewrap:
   that no other sandbox running at the same time has (``SANDBOX_UIDS``, claimed
   with a lock) with ``setpriv`` (all capabilities gone, no new privileges), so
   the per-user process limit is the sandbox's alone; any other user maps its
-  uid to 65534 in a user namespace (there the process limit counts every
-  process of the grader's user);
+  uid to 65534 in a user namespace of the sandbox's own, and the process limit
+  is set inside it, where the kernel counts that sandbox's processes alone;
 - limits on address space, CPU seconds, processes, file size; a thread of the
   grader's watches the sandbox's processes for as long as it lives and ends it
   when all of them together hold more memory, or more processes and threads,
@@ -151,8 +151,11 @@ def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False, uid=
         argv.extend(["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"])
     else:
+        # The process limit is set inside the sandbox's own user namespace, where the kernel counts
+        # this sandbox's processes alone (per namespace and user); set before bwrap, it would count
+        # every process of the grader's user, other sandboxes included.
         argv[1:1] = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
-        argv.append("--")
+        argv.extend(["--", "prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"])
     return argv + [interpreter(), "-I", "-B", "/grader/worker.py", str(in_fd), str(out_fd)] + (["kernels"] if kernels else [])
 
 
@@ -249,9 +252,9 @@ class Session:
                             (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CORE, 0)):
             resource.setrlimit(kind, (value, value))
         # Counted per real user: as root, for this sandbox's own uid after setpriv (root itself is
-        # never held to it); as anyone else, for that user, so leave room for what already runs.
-        n = limits.processes + (0 if os.geteuid() == 0 else _processes_of(os.getuid()))
-        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+        # never held to it). In a user namespace, prlimit sets it inside (_bwrap_argv).
+        if os.geteuid() == 0:
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
 
     def _release_uid(self):
         if self._uid_lock is not None:
@@ -542,14 +545,3 @@ def _tree_usage(root_pid):
         memory, threads = memory + rss, threads + n
         todo.extend(children.get(pid, []))
     return memory, threads
-
-
-def _processes_of(uid) -> int:
-    n = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                n += os.stat(f"/proc/{entry}").st_uid == uid
-            except OSError:
-                pass
-    return n
