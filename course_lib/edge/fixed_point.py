@@ -146,3 +146,14 @@ def int8_scores_loop(q8, k8, out):
                 acc += np.int32(q8[r, x]) * np.int32(k8[j, x])
             out[r, j] = acc
     return out
+
+
+@numba.njit(nogil=True, cache=True)
+def exp2_fixed_loop(y, table, lut_bits, out):
+    """``exp2_fixed`` as the loop a core without a vector unit runs: one table read and one shift per score."""
+    mask = (1 << FRAC) - 1
+    for i in range(y.shape[0]):
+        neg = -y[i]
+        n = neg >> FRAC
+        out[i] = table[(neg & mask) >> (FRAC - lut_bits)] >> n if n < 63 else 0
+    return out
