@@ -322,8 +322,7 @@ _add(Hardware(
 # Chapter 15's small parts: a cluster of scalar cores around one DMA-fed SRAM.  They sit apart from
 # ``HARDWARE``, the machines chapters 02, 03 and 10 tabulate on one roofline, because their peak is an
 # int8 dot-product rate of a few cores, not a matrix unit's; ``hardware(key)`` finds them all the same.
-_GAP8_DOC = ("Bitcraze AI-deck documentation, 'GAP8' page (after GreenWaves' GAP8 reference manual): "
-             "a cluster of 8 RISC-V cores sharing its L1")
+_GAP8_DOC = "Bitcraze AI-deck documentation, 'GAP8' page (after GreenWaves' GAP8 reference manual)"
 _GAP8_CHIP = "WikiChip, greenwaves/gap8: 9 RISC-V cores (8 in the cluster) at up to 250 MHz, no FPU"
 EDGE_PARTS: dict = {}
 EDGE_PARTS["gap8"] = Hardware(
@@ -337,11 +336,11 @@ EDGE_PARTS["gap8"] = Hardware(
         "bfloat16": _ill(0.2 * GIGA, "FLOP/s", "no FPU: software floating point, the float32 rate"),
     },
     bandwidth=_ill(200e6, "B/s", "external HyperRAM (L3) over the 8-bit DDR HyperBus, through the micro-DMA"),
-    memory=_ds(8 * MiB, "B", "Bitcraze AI-deck documentation: 64 Mb of L3 HyperRAM on the AI-deck board"),
+    memory=_ds(8 * MiB, "B", "64 Mb of L3 HyperRAM on the AI-deck board; Bitcraze AI-deck documentation"),
     l2=None,  # GAP8's 512 kB L2 is a second scratchpad, not a cache: the DMA fills L1 from it
-    sram_per_unit=_ds(64 * KiB, "B", f"{_GAP8_DOC}: cluster L1 64 kB (the shared L2 is 512 kB)"),
-    units=_ds(1, "cluster", f"{_GAP8_DOC}: one cluster"),
-    cores_per_unit=_ds(8, "cores", f"{_GAP8_DOC}: 8 cluster cores; {_GAP8_CHIP}"),
+    sram_per_unit=_ds(64 * KiB, "B", f"cluster L1 64 kB, shared by the 8 cluster cores (L2: 512 kB); {_GAP8_DOC}"),
+    units=_ds(1, "cluster", f"one cluster of 8 cores beside the fabric controller; {_GAP8_DOC}"),
+    cores_per_unit=_ds(8, "cores", f"8 cluster cores sharing L1; {_GAP8_DOC}; {_GAP8_CHIP}"),
     unit_name="cluster",
     exp_per_s=_ill(8 * 250e6 / 20, "exp/s", "8 cores, ~20 cycles per fixed-point exp"),
     dma_setup=_ill(0.4e-6, "s", "~100 cycles at 250 MHz to program the cluster DMA"),

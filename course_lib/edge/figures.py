@@ -24,9 +24,10 @@ def plot_timelines(timelines: dict, *, unit: float = 1.0, unit_name: str = "time
             ax.barh(y, (step.end - step.start) / unit, left=step.start / unit, height=0.7,
                     color=KIND_COLOUR[step.kind], edgecolor="white", linewidth=0.6)
             width = (step.end - step.start) / unit
-            if step.buffer >= 0 and width > end / 45:
-                ax.text((step.start + step.end) / 2 / unit, y, str(step.buffer), ha="center", va="center",
-                        fontsize=9, color="white")
+            name = str(step.buffer) if step.buffer >= 0 else ("Q" if step.kind == LOAD else "O")
+            if width > end / 45:
+                ax.text((step.start + step.end) / 2 / unit, y, name, ha="center", va="center", fontsize=9,
+                        color="white")
         ax.set_yticks(range(len(lanes)), lanes)
         ax.set_ylim(len(lanes) - 0.4, -0.6)
         ax.set_title(f"{label}: {timeline.total / unit:.3g} {unit_name}", loc="left", fontsize=10)
@@ -34,10 +35,12 @@ def plot_timelines(timelines: dict, *, unit: float = 1.0, unit_name: str = "time
     axes[-1, 0].set_xlim(0, end * 1.01)
     axes[-1, 0].set_xlabel(unit_name)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLOUR.values()]
-    fig.legend(handles, ["load (buffer no.)", "compute", "store"], loc="upper right", ncol=3, frameon=False)
+    fig.legend(handles, ["load (buffer no.; Q: the query tile)", "compute", "store (O)"], loc="lower right", ncol=3,
+               frameon=False)
     if title:
         fig.suptitle(title, x=0.01, ha="left", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.3 / height, 1, 1 - (0.3 if title else 0) / height))
     return fig
 
 
