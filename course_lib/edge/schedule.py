@@ -189,26 +189,34 @@ def attention_plan(seqlen: int, head_dim: int, block_q: int, block_k: int, buffe
                    dtype="float16") -> AttentionPlan:
     """FA2's forward, Nq = Nk = ``seqlen``, on ``hw``'s scratchpad and DMA (see the module docstring)."""
     hw = presets.hardware(hw)
+    return plan_for(seqlen, head_dim, block_q, block_k, buffers, sram_bytes=int(float(hw.sram_per_unit)),
+                    bandwidth=hw.memory_bandwidth(), dma_setup=float(hw.dma_setup) if hw.dma_setup is not None else 0.0,
+                    macs_per_s=mac_rate(hw, dtype), dtype=dtype)
+
+
+def plan_for(seqlen: int, head_dim: int, block_q: int, block_k: int, buffers: int, *, sram_bytes: int,
+             bandwidth: float, dma_setup: float, macs_per_s: float, dtype="float16") -> AttentionPlan:
+    """``attention_plan`` for a machine given by its four numbers: scratchpad bytes, DRAM B/s, seconds of
+    setup per DMA transfer and multiply-adds per second."""
     e = rules.itemsize(dtype)
-    bandwidth = hw.memory_bandwidth()
-    setup = float(hw.dma_setup) if hw.dma_setup is not None else 0.0
-    transfer = lambda nbytes: setup + nbytes / bandwidth  # noqa: E731
+    transfer = lambda nbytes: dma_setup + nbytes / bandwidth  # noqa: E731
     budget = sram.tile_budget(block_q, block_k, head_dim, dtype, kv_stages=buffers)
     o_bytes = block_q * head_dim * e + block_q * 4  # O in the input dtype and lse in float32
     return AttentionPlan(
-        block_q, block_k, buffers, budget.total_bytes, budget.total_bytes <= int(float(hw.sram_per_unit)),
+        block_q, block_k, buffers, budget.total_bytes, budget.total_bytes <= sram_bytes,
         kv_load_s=2 * transfer(block_k * head_dim * e),
-        tile_compute_s=2 * block_q * block_k * head_dim / mac_rate(hw, dtype),
+        tile_compute_s=2 * block_q * block_k * head_dim / macs_per_s,
         q_load_s=transfer(block_q * head_dim * e), o_store_s=transfer(o_bytes),
         query_tiles=math.ceil(seqlen / block_q), key_tiles=math.ceil(seqlen / block_k))
 
 
 def best_plan(seqlen: int, head_dim: int, hw="edge_npu", dtype="float16", tiles=(16, 32, 64, 128, 256),
-              buffer_counts=(1, 2, 3)) -> AttentionPlan:
-    """The plan that fits and finishes first (ties: the smaller SRAM footprint)."""
-    plans = [attention_plan(seqlen, head_dim, br, bc, b, hw, dtype)
-             for br in tiles for bc in tiles for b in buffer_counts]
-    fitting = [p for p in plans if p.fits]
+              buffer_counts=(1, 2, 3), **machine) -> AttentionPlan:
+    """The plan that fits and finishes first (ties: the smaller SRAM footprint).  ``machine``: the four
+    numbers of ``plan_for`` instead of a preset."""
+    plan = (lambda br, bc, b: plan_for(seqlen, head_dim, br, bc, b, dtype=dtype, **machine)) if machine else (
+        lambda br, bc, b: attention_plan(seqlen, head_dim, br, bc, b, hw, dtype))
+    fitting = [p for p in (plan(br, bc, b) for br in tiles for bc in tiles for b in buffer_counts) if p.fits]
     if not fitting:
         raise ValueError("no tile fits this machine's scratchpad")
     return min(fitting, key=lambda p: (p.total_s, p.sram_bytes))
