@@ -61,7 +61,7 @@ class ClusterStep:
 
     @property
     def rows_per_s(self) -> float:
-        """Query rows x key tiles the cluster finishes per second (its throughput, in tile rows)."""
+        """(Query tile, key tile) steps the whole cluster finishes per second: its throughput."""
         return self.cores / self.step_s
 
 

@@ -102,7 +102,6 @@ def mask_traffic(schedule: str, seqlen_q: int, seqlen_k: int, head_dim: int, *, 
     if schedule == SEPARATE:
         reads.update(S=2 * pairs * 4, mask=pairs * mask_itemsize)  # read to mask it, read again for the softmax
         writes.update(S=2 * pairs * 4)                              # written by QK^T, written masked
-        reads["K"] = tr * nk * d * e
     elif schedule == FUSED:
         reads["mask"] = pairs * mask_itemsize
     elif schedule != RULE:
