@@ -88,6 +88,8 @@ class Hardware:
     max_threads_per_unit: int | None = None
     max_threads_per_block: int | None = None
     max_blocks_per_unit: int | None = None
+    cores_per_unit: Figure | None = None  # cores that share one unit's SRAM (a cluster's cores)
+    dma_setup: Figure | None = None  # seconds a DMA transfer costs before its first byte moves
     measured: dict = field(default_factory=dict)  # key -> Figure, kind "measured"
     note: str = ""
 
@@ -131,7 +133,8 @@ class Hardware:
         """Every figure of this machine by name, datasheet and measured apart."""
         out = {"bandwidth": self.bandwidth, "sram_per_unit": self.sram_per_unit, "units": self.units}
         out.update({f"flops:{k}": v for k, v in self.peak_flops.items()})
-        for name in ("memory", "l2", "exp_per_s", "max_smem_per_block", "registers_per_unit"):
+        for name in ("memory", "l2", "exp_per_s", "max_smem_per_block", "registers_per_unit", "cores_per_unit",
+                     "dma_setup"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update({f"measured {k}": v for k, v in self.measured.items()})
@@ -295,6 +298,7 @@ _add(Hardware(
     units=_ill(1, "NPU", "one MAC array"),
     unit_name="NPU",
     exp_per_s=_ill(2 * GIGA, "exp/s", "a lookup-table activation unit"),
+    dma_setup=_ill(1e-6, "s", "a DMA descriptor's setup and first-beat latency"),
     note="No caches: software moves every tile in and out of the scratchpad with DMA, so the IO model is exact."))
 _add(Hardware(
     key="riscv_manycore", name="Many-core RISC-V (64 cores, shared cluster SRAM)", family="riscv",
@@ -315,16 +319,45 @@ _add(Hardware(
     note="A tile lives in a cluster's shared SRAM; its 8 cores split the tile's rows."))
 
 
+# Chapter 15's small parts: a cluster of scalar cores around one DMA-fed SRAM.  They sit apart from
+# ``HARDWARE``, the machines chapters 02, 03 and 10 tabulate on one roofline, because their peak is an
+# int8 dot-product rate of a few cores, not a matrix unit's; ``hardware(key)`` finds them all the same.
+_GAP8_DOC = "Bitcraze AI-deck documentation, 'GAP8' page (after GreenWaves' GAP8 reference manual)"
+_GAP8_CHIP = "WikiChip, greenwaves/gap8: 9 RISC-V cores (8 in the cluster) at up to 250 MHz, no FPU"
+EDGE_PARTS: dict = {}
+EDGE_PARTS["gap8"] = Hardware(
+    key="gap8", name="GreenWaves GAP8 (8-core RISC-V cluster, 64 kB shared L1)", family="riscv",
+    peak_flops={
+        # derived: 8 cores x 250 MHz x a 4-way int8 dot product per cycle (PULP's sdotp) x 2 OP per MAC
+        "int8": _ill(16 * GIGA, "OP/s", "8 cores x 250 MHz x 4 int8 MACs per cycle x 2, from the two "
+                     "figures above; GreenWaves quotes 'up to 10 GOPS' at a few tens of mW (WikiChip)"),
+        "float32": _ill(0.2 * GIGA, "FLOP/s", "no FPU: software floating point, ~20 cycles per FMA on 8 cores"),
+        "float16": _ill(0.2 * GIGA, "FLOP/s", "no FPU: software floating point, the float32 rate"),
+        "bfloat16": _ill(0.2 * GIGA, "FLOP/s", "no FPU: software floating point, the float32 rate"),
+    },
+    bandwidth=_ill(200e6, "B/s", "external HyperRAM (L3) over the 8-bit DDR HyperBus, through the micro-DMA"),
+    memory=_ds(8 * MiB, "B", "64 Mb of L3 HyperRAM on the AI-deck board; Bitcraze AI-deck documentation"),
+    l2=None,  # GAP8's 512 kB L2 is a second scratchpad, not a cache: the DMA fills L1 from it
+    sram_per_unit=_ds(64 * KiB, "B", f"cluster L1 64 kB, shared by the 8 cluster cores (L2: 512 kB); {_GAP8_DOC}"),
+    units=_ds(1, "cluster", f"one cluster of 8 cores beside the fabric controller; {_GAP8_DOC}"),
+    cores_per_unit=_ds(8, "cores", f"8 cluster cores sharing L1; {_GAP8_DOC}; {_GAP8_CHIP}"),
+    unit_name="cluster",
+    exp_per_s=_ill(8 * 250e6 / 20, "exp/s", "8 cores, ~20 cycles per fixed-point exp"),
+    dma_setup=_ill(0.4e-6, "s", "~100 cycles at 250 MHz to program the cluster DMA"),
+    note="Public figures (cores, L1, L2, clock) from its documentation; rates and the DMA are illustrative.")
+
+
 def hardware(key_or_hw) -> Hardware:
-    """A preset by key (``"h100_sxm"``) or name, or a ``Hardware`` passed through."""
+    """A preset by key (``"h100_sxm"``, ``"gap8"``) or name, or a ``Hardware`` passed through."""
     if isinstance(key_or_hw, Hardware):
         return key_or_hw
-    if key_or_hw in HARDWARE:
-        return HARDWARE[key_or_hw]
-    for hw in HARDWARE.values():
+    every = {**HARDWARE, **EDGE_PARTS}
+    if key_or_hw in every:
+        return every[key_or_hw]
+    for hw in every.values():
         if hw.name == key_or_hw:
             return hw
-    raise ValueError(f"unknown hardware {key_or_hw!r}; presets: {sorted(HARDWARE)}")
+    raise ValueError(f"unknown hardware {key_or_hw!r}; presets: {sorted(every)}")
 
 
 def preset_table(dtype="float16") -> list:

@@ -1,0 +1,92 @@
+"""Exercise set 15's checks fail on plausible wrong answers (and pass the solutions).
+
+Each case takes the solution notebook, swaps one answer for a mistake a learner
+would make, and runs the setup, the answer and its check cell in one namespace:
+the check must raise CheckFailed.  The mistakes are edits of the solution's own
+source, so each differs from a right answer in exactly the way named."""
+import functools
+from pathlib import Path
+
+import pytest
+
+import notebook_factory as nf
+
+from course_lib import checks
+
+SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "15_edge.ipynb"
+BUGGY = "s15-16"  # 15.5's given cell: the colleague's schedule and the overwrite finder
+
+
+@functools.lru_cache(maxsize=1)
+def solution():
+    return nf.SolutionCells.read(SOLUTION)
+
+
+@functools.lru_cache(maxsize=1)
+def setup_namespace():
+    namespace = {}
+    exec(solution().by_id["setup-answers"], namespace)
+    exec(solution().by_id["s15-02"], namespace)
+    return namespace
+
+
+def run(exercise, edit=None):
+    solution().run(dict(setup_namespace()), exercise, edit, before=[BUGGY] if exercise == "15.5" else ())
+
+
+WRONG = {
+    "15.1": [("amax = np.abs(x).max(axis=1)", "amax = np.abs(x).max() + 0 * np.abs(x).max(axis=1)"),  # the lecture's per-tensor scale
+             ("q8.astype(np.int32) @ k8.astype(np.int32).T", "q8.astype(np.int16) @ k8.astype(np.int16).T"),  # int16 overflows
+             ("q8.astype(np.int32) @ k8.astype(np.int32).T",
+              "(q8.astype(np.float32) @ k8.astype(np.float32).T).astype(np.int32)"),  # float32 rounds past 2^24
+             ("np.rint(x / scale[:, None])", "np.trunc(x / scale[:, None])"),                 # truncates instead of rounding
+             ("scale = np.where(amax > 0, amax / 127, 1.0)", "scale = amax / 127 + 1e-300")],  # a zero row's scale not 1
+    "15.2": [("(1 << step >> 1)) >> step", "0) >> step"),                                    # the lecture's truncation
+             ("n = (neg >> FRAC) + (index >> lut_bits)", "n = neg >> FRAC"),                  # the carry into n forgotten
+             ("index &= (1 << lut_bits) - 1", "index = np.minimum(index, (1 << lut_bits) - 1)")],  # clamped, not carried
+    "15.3": [("return qkvo + 4 * s_bytes + nq * nk", "return qkvo + 2 * s_bytes + nq * nk"),  # S counted once each way
+             ("return qkvo + 4 * s_bytes + nq * nk", "return qkvo + 4 * s_bytes"),            # the mask itself forgotten
+             ("sees_up_to = last_row + offset", "sees_up_to = last_row"),                     # top-left alignment
+             ("kv += 2 * (min(c0 + bc, nk) - c0) * d * 4", "kv += 2 * bc * d * 4")],          # tails read whole
+    "15.4": [("chunks = math.ceil(d / lanes)", "chunks = d // lanes"),                         # the tail chunk dropped
+             ("int(math.log2(lanes)) + 1", "1 + 1"),                                           # the reduction as one instruction
+             ("return score_instructions(br, bc, d, 1) / score_instructions(br, bc, d, lanes)", "return float(lanes)")],  # "L lanes: L times"
+    "15.5": [("comp_end[j - buffers] if j >= buffers else 0.0   # the tile",
+              "comp_end[j - buffers - 1] if j > buffers else 0.0   # the tile"),               # the colleague's bug itself
+             ("comp_end[j - buffers] if j >= buffers else 0.0   # the tile",
+              "comp_end[j - 1] if j >= 1 else 0.0   # the tile"),                              # always waits: one buffer's schedule
+             ("comp_start[j] = max(load_end[j], unit_free)", "comp_start[j] = load_end[j]")],  # compute overlaps itself
+    "15.6": [("kv = 2 * buffers * bc * d ", "kv = 2 * bc * d "),                               # buffers forgotten
+             ("return kv + cores * per_core", "return cores * (kv + per_core)"),                # private, not shared
+             ("max(br * bc * (4 + 1), br * d)", "br * bc * (4 + 1) + br * d"),                  # the epilogue beside S and P
+             ("for c in range(1, cores_in_cluster + 1)", "for c in range(1, cores_in_cluster)")],  # the last core never counted
+    "15.7": [("shared = (br * d + 2 * buffers * bc * d) * 2", "shared = (br * d + 2 * bc * d) * 2"),  # buffers not in the footprint
+             ("return shared + state + max(br * bc * (4 + 2), br * d * 2)", "return shared"),      # a GPU's view: shared only
+             ("load, comp = 2 * transfer(bc * d * 2)", "load, comp = transfer(2 * bc * d * 2)"),  # K and V as one transfer
+             ("body = tiles * (load + comp) if buffers == 1 else", "body = tiles * max(load, comp) if buffers == 1 else"),  # one buffer overlaps
+             ("key=lambda o: (npu_time(npu, *o), npu_footprint(o[0], o[1], npu[\"head_dim\"], o[2]))",
+              "key=lambda o: npu_footprint(o[0], o[1], npu[\"head_dim\"], o[2])"),                  # the smallest tile: "it fits"
+             ("for b in (1, 2, 3)\n", "for b in (1,)\n")],                                          # no double buffering
+}
+CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
+
+
+@pytest.mark.parametrize("exercise", sorted(WRONG))
+def test_the_solution_passes_its_check(exercise):
+    run(exercise)
+
+
+@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
+                                                       for i in range(len(edits))])
+def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
+    with pytest.raises(checks.CheckFailed):
+        run(exercise, edit)
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_the_colleagues_schedule_overwrites_a_buffer_only_when_compute_bound(capsys):
+    namespace = dict(setup_namespace())
+    exec(solution().by_id[BUGGY], namespace)
+    out = capsys.readouterr().out
+    assert "DMA-bound, 2 buffers: total 26.0 (closed form 26.0), overwritten: []" in out
+    assert "overwritten: [2, 3, 4, 5, 6, 7]" in out
