@@ -110,3 +110,38 @@ def ping_pong(rank, world_size, device, sizes, repeats):
         if rank == 0:
             out.append((min(times), statistics.median(times), max(times)))
     return out
+
+
+def comm_pattern(rank, world_size, device, strategy, shape, repeats):
+    """Seconds of one strategy's communication alone, each of ``repeats`` rounds (after a warm-up):
+    the ring's W - 1 exchanges of a K/V shard, or Ulysses' four all-to-alls, with no attention
+    between them, so that neither compute nor one rank's lateness is counted.  ``shape``: the
+    keyword arguments of ``ring_bytes_per_step`` (without world_size)."""
+    import torch
+    import torch.distributed as dist
+    elements = lambda nbytes: max(1, int(nbytes) // 4)   # float32 buffers of the right byte size
+    if strategy == "ring":
+        nbytes = ring_bytes_per_step(world_size=world_size, **shape)
+        send, recv = (torch.zeros(elements(nbytes), device=device) for _ in range(2))
+    else:
+        held = ulysses_bytes(world_size=world_size, **shape) * world_size // max(1, world_size - 1)
+        per_call = elements(held / ULYSSES_COLLECTIVES / world_size) * world_size
+        send, recv = (torch.zeros(per_call, device=device) for _ in range(2))
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        if strategy == "ring":
+            for _ in range(world_size - 1):
+                requests = [dist.isend(send, (rank + 1) % world_size), dist.irecv(recv, (rank - 1) % world_size)]
+                for request in requests:
+                    request.wait()
+                send, recv = recv, send
+        else:
+            for _ in range(ULYSSES_COLLECTIVES):
+                dist.all_to_all_single(recv, send)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - start)
+    return times

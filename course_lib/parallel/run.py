@@ -64,22 +64,21 @@ class Job:
 
 
 def rank_job(rank, world_size, device, problem, jobs, impl, repeats):
-    """What each rank runs: for each job its shards through the strategy, ``repeats`` times."""
+    """What each rank runs: every job in turn, ``repeats`` rounds (alternated, so a load that comes
+    and goes on a shared machine hits every job alike); each job's last result is kept."""
     q, k, v = problem.inputs()
-    done = []
-    for job in jobs:
-        layouts = job.layouts(problem.seqlen, world_size)
-        mine = [shard(x, layouts[rank]) for x in (q, k, v)]
-        timings = []
-        for _ in range(repeats):
+    layouts = [job.layouts(problem.seqlen, world_size) for job in jobs]
+    mine = [[shard(x, lay[rank]) for x in (q, k, v)] for lay in layouts]
+    states, timings = [None] * len(jobs), [[] for _ in jobs]
+    for _ in range(repeats):
+        for i, job in enumerate(jobs):
             if job.strategy == "ring":
-                state, t = ring_attention(*mine, layouts, causal=job.causal, impl=impl, overlap=job.overlap,
-                                          device=device)
+                states[i], t = ring_attention(*mine[i], layouts[i], causal=job.causal, impl=impl,
+                                              overlap=job.overlap, device=device)
             else:
-                state, t = ulysses_attention(*mine, causal=job.causal, impl=impl, device=device)
-            timings.append(t)
-        done.append({"out": state[0], "lse": state[1], "timings": timings})
-    return done
+                states[i], t = ulysses_attention(*mine[i], causal=job.causal, impl=impl, device=device)
+            timings[i].append(t)
+    return [{"out": s[0], "lse": s[1], "timings": t} for s, t in zip(states, timings)]
 
 
 def run_jobs(jobs, world_size, problem=Problem(), *, impl="flash_numpy", device="cpu", timeout=120.0,

@@ -27,6 +27,9 @@ from ..api import attention
 from ..core.online_softmax import merge_lse
 from ..core.rules import lse_dtype
 from . import sharding
+from .peer import sdpa_partial
+
+PEER = "torch_sdpa"   # torch's own kernels, the peer a course impl is measured against
 
 
 def mask_call(d: int, nq: int, nk: int, causal: bool):
@@ -52,12 +55,16 @@ def empty_partial(q, head_dim_v):
 
 
 def local_partial(q, k, v, d, *, causal, impl="flash_numpy", softmax_scale=None):
-    """Partial (out, lse) of q (B, H, nq, D) over k, v (B, Hk, nk, D[v]) with mask j <= i + d."""
+    """Partial (out, lse) of q (B, H, nq, D) over k, v (B, Hk, nk, D[v]) with mask j <= i + d.
+
+    ``impl`` is a course impl, or ``"torch_sdpa"`` for PyTorch's kernels (``peer``)."""
     call = mask_call(d, q.shape[2], k.shape[2], causal)
     if call is None:
         return empty_partial(q, v.shape[3])
     keys, options = call
     scale = 1.0 / np.sqrt(q.shape[3]) if softmax_scale is None else softmax_scale
+    if impl == PEER:
+        return sdpa_partial(q, k[:, :, :keys], v[:, :, :keys], options, scale)
     return attention(q, k[:, :, :keys], v[:, :, :keys], impl=impl, softmax_scale=scale,
                      return_lse=True, **options)
 
