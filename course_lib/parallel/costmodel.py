@@ -72,6 +72,28 @@ def predict(strategy, alpha, beta, **shape):
     return messages(strategy, shape["world_size"]) * alpha + sent / beta
 
 
+def hybrid_bytes(*, ulysses_ranks, ring_ranks, batch, heads, heads_k, seqlen, head_dim, itemsize):
+    """Bytes one rank sends when Ulysses runs inside groups of ``ulysses_ranks`` and a ring across
+    ``ring_ranks`` such groups (W = their product): each group holds N / ring_ranks positions; after
+    its all-to-all a rank has them for H / u heads, and its ring moves those heads' K/V shards.
+    Out travels back in the input dtype here (lse left out: it is small beside out)."""
+    u, r = ulysses_ranks, ring_ranks
+    n = seqlen // (u * r)
+    swap = (u - 1) * batch * n * (2 * heads * head_dim + 2 * heads_k * head_dim) * itemsize // u
+    ring = (r - 1) * batch * (heads_k // u) * (seqlen // r) * 2 * head_dim * itemsize
+    return swap + ring
+
+
+def hybrid_messages(ulysses_ranks, ring_ranks):
+    return ULYSSES_COLLECTIVES * (ulysses_ranks - 1) + (ring_ranks - 1)
+
+
+def hybrid_time(alpha, beta, **shape):
+    """alpha per message + bytes / beta, for the hybrid of ``hybrid_bytes``."""
+    return (hybrid_messages(shape["ulysses_ranks"], shape["ring_ranks"]) * alpha
+            + hybrid_bytes(**shape) / beta)
+
+
 def exposed(compute_s, transfer_s):
     """Communication a ring with overlap still waits for: per step, the transfer the compute did not hide."""
     return float(np.sum(np.maximum(0.0, np.asarray(transfer_s) - np.asarray(compute_s))))
