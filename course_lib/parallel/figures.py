@@ -37,6 +37,9 @@ def plot_sharding(seqlen=16, world_size=4, schemes=sharding.SCHEMES):
         ax.set_yticks(range(world_size))
         ax.grid(False)
         axes[0, col].grid(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(r)) for r in range(world_size)]
+    axes[0, -1].legend(handles, [f"rank {r}" for r in range(world_size)], loc="upper left",
+                       bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     return fig
 
@@ -47,7 +50,7 @@ def plot_alpha_beta(records):
     pings = sorted((r for r in records if r["kind"] == "pingpong"), key=lambda r: r["bytes"])
     fit = next(r for r in records if r["kind"] == "alpha_beta")
     comm = [r for r in records if r["kind"] == "comm"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     m = np.array([r["bytes"] for r in pings], float)
     med = np.array([r["median_s"] for r in pings])
     lo, hi = np.array([r["min_s"] for r in pings]), np.array([r["max_s"] for r in pings])
@@ -60,7 +63,7 @@ def plot_alpha_beta(records):
     left.set_xlabel("message size m (bytes)")
     left.set_ylabel("one-way time (us)")
     left.set_title(f"ping-pong, {fit['backend']}")
-    left.legend(loc="upper left")
+    left.legend(loc="upper center")
     for strategy, marker in (("ring", "o"), ("ulysses", "s")):
         rows = sorted((r for r in comm if r["strategy"] == strategy), key=lambda r: r["seqlen"])
         if not rows:
@@ -78,7 +81,7 @@ def plot_alpha_beta(records):
     right.set_xlabel("sequence length N")
     right.set_ylabel("communication per rank (ms)")
     right.set_title("communication alone: model and measurement")
-    right.legend(loc="upper left")
+    right.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     return fig
 
