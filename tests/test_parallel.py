@@ -74,7 +74,7 @@ def test_a_length_that_does_not_split_is_refused_with_the_divisor():
 @pytest.mark.parametrize("impl", ["flash_numpy", "torch_sdpa"])
 def test_the_simulated_ring_gives_full_attention_for_every_scheme(scheme, causal, dtype, impl):
     q, k, v = make_qkv(np.random.default_rng(3), 1, 3, 3, 24, 24, 8, 8, dtype=dtype)
-    for world_size in (2, 3, 4):
+    for world_size in (3, 4):
         if 24 % (2 * world_size if scheme == "zigzag" else world_size):
             continue
         out, lse = simulate_ring(q, k, v, world_size, scheme=scheme, causal=causal, impl=impl)
