@@ -122,3 +122,13 @@ def test_the_cli_writes_the_records_and_exits_1_on_a_regression(tmp_path, monkey
                                         "median_ms": r["median_ms"] / 100, "noise": 0.0}) + "\n" for r in first))
     assert cli.main(["--matrix", "--quiet", "--rounds", "2", "--out", str(out), "--compare", str(slow)]) == 1
     assert "REGRESSION" in capsys.readouterr().out
+
+
+def test_the_gpu_records_are_shown_in_the_matrixs_terms_where_they_exist():
+    table = mx.gpu_report(cli.load_records(cli.DEFAULT_OUT))
+    lines = table.splitlines()
+    assert lines[0].startswith("GPU records: run") and "H200" in lines[0]
+    native = [line for line in lines[1:] if " native " in line]
+    assert any("32768" in line and "float32" in line and " ms" in line for line in native)
+    assert all("not applicable" in line for line in native if "float16" in line)   # chapter 10's kernel is fp32 only
+    assert not any("not applicable" in line for line in lines[1:] if " public " in line)

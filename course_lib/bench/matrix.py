@@ -19,7 +19,9 @@ over three paths, each with its own job:
   path that runs out of memory first;
 - ``public``: what the ecosystem gives (PyTorch's SDPA on the CPU; a window goes
   to it as a boolean mask tensor);
-- ``native``: the fastest kernel of the course on this machine (``flash_numba_cpu``).
+- ``native``: the fastest kernel of the course on this machine (``flash_numba_cpu``);
+  where a GPU ran the bench (chapter 10's H200 records), ``gpu_report`` shows the
+  same buckets from those records (``cuda_tuned`` against SDPA on the GPU).
 
 Every path is timed in alternated rounds (one call of each path per round, after
 a warm-up call that also gives the output), so a load that comes and goes hits
@@ -366,6 +368,33 @@ def report(records) -> str:
     return "\n".join(lines)
 
 
+GPU_PATHS = {"native": ("cuda_tuned",), "public": ("torch_sdpa_efficient", "torch_sdpa_flash")}
+
+
+def gpu_report(bench_records, lengths=tuple(LENGTHS.values()), head_dim=64) -> str:
+    """The matrix's buckets where a GPU's ``python -m course_lib.bench`` records exist (chapter 10's H200
+    run): the native path is chapter 10's ``cuda_tuned``, the public one SDPA's efficient kernel (fp32)
+    or its flash kernel (fp16), the kernel layer; no float64 reference was timed there, and that run
+    has no window or bfloat16 buckets."""
+    rows = [r for r in bench_records if r.get("benchmark") == "bench" and r.get("layer") == "kernel"]
+    run_ = latest_run(rows)
+    if not run_:
+        return "no GPU bench records"
+    lines = [f"GPU records: run {run_[0]['run_id']} on {run_[0]['device']} (kernel time, median of "
+             f"{run_[0].get('repeats', '?')})"]
+    for r in sorted(run_, key=lambda r: (r["bucket"], r["Nk"], r["dtype"], r["causal"])):
+        if r["Nk"] not in lengths or r["D"] != head_dim:
+            continue
+        path = next((p for p, impls in GPU_PATHS.items() if r["impl"] in impls), None)
+        if path is None or (path == "public" and not r.get("median_ms")):   # the other SDPA kernel took it
+            continue
+        mask = "causal" if r["causal"] else "none"
+        what = f"{r['median_ms']:9.3f} ms" if r.get("median_ms") else f"  {(r.get('skipped') or '')[:60]}"
+        lines.append(f"{r['bucket']:7s} {r['B']:2d} {r['H']:2d} {r['Nq']:6d} {r['Nk']:6d} {r['dtype']:8s} {mask:7s} "
+                     f"{path:7s} {r['impl']:21s} {what}")
+    return "\n".join(lines)
+
+
 def format_regressions(flagged, baseline_run) -> str:
     if not flagged:
         return f"no regressions against run {baseline_run}"
@@ -382,6 +411,9 @@ def main(args) -> int:
     records = run(buckets(args.quick), out=args.out, rounds=args.rounds, progress=not args.quiet)
     print(report(records))
     print(f"{len(records)} records appended to {args.out} in {time.perf_counter() - t0:.0f} s")
+    gpu = Path(__file__).resolve().parents[2] / "notebooks" / "records" / "bench.jsonl"
+    if gpu.exists():
+        print(gpu_report(load_records(gpu), lengths=tuple(LENGTHS.values())))
     if args.compare:
         old = load_records(args.compare, benchmark=BENCHMARK)
         old = [r for r in old if r["run_id"] != records[0]["run_id"]]
