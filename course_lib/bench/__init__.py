@@ -17,7 +17,8 @@ timings taken minutes apart on a shared machine are not comparable.
   ``environment``, ``attention_bytes``, and the layers a time can measure;
 - ``peers``: PyTorch's naive attention and SDPA backends, the peers of every comparison;
 - ``envreport``: the versions and devices of this machine, printed;
-- ``cli``: ``python -m course_lib.bench``, the shape buckets and their report.
+- ``cli``: ``python -m course_lib.bench``, the shape buckets and their report;
+- ``matrix``: ``--matrix``, the regression matrix over three paths and its comparison with the records.
 """
 from .peers import torch_naive
 from .records import (LAYERS, append_record, attention_bytes, environment, latest_run, load_records, new_run,

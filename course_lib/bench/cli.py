@@ -3,6 +3,11 @@
     python -m course_lib.bench                      # the buckets that fit this machine
     python -m course_lib.bench --sizes 1024 4096 --head-dims 64 --no-decode
     python -m course_lib.bench --report notebooks/records/bench.jsonl
+    python -m course_lib.bench --matrix --quick --compare notebooks/records/matrix_cpu.jsonl
+
+``--matrix`` runs the regression matrix instead (``matrix.py``: workloads x
+prefill / decode x precision x mask over the reference, public and native paths,
+compared with committed records, regressions flagged against the measured noise).
 
 Buckets: prefill (Nq = Nk = N for N in ``--sizes``: 1K / 4K / 16K / 32K on a
 GPU, smaller on a CPU) and decode (Nq = 1, Nk = 32K, batch 8), D 64 / 128,
@@ -42,6 +47,7 @@ from .timing import cuda_time_it, time_it
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "notebooks" / "records" / "bench.jsonl"
+MATRIX_OUT = ROOT / "notebooks" / "records" / "matrix_cpu.jsonl"
 GPU_SIZES = (1024, 4096, 16384, 32768)
 CPU_SIZES = (256, 1024)
 CPU_IMPLS = ("naive", "flash_numpy", "flash_numba_cpu")
@@ -301,7 +307,8 @@ def plot_roofline(records, hw=None, ax=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--out", default=None, help=f"records file (default {DEFAULT_OUT.name}, "
+                        f"with --matrix {MATRIX_OUT.name})")
     parser.add_argument("--sizes", type=int, nargs="+", default=None)
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float16"])
@@ -320,7 +327,17 @@ def main(argv=None):
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--report", default=None, metavar="FILE", help="print the table of FILE's latest run")
     parser.add_argument("--plot", default=None, metavar="PNG", help="with --report: save the roofline plot")
+    parser.add_argument("--matrix", action="store_true", help="run the regression matrix (three paths, buckets)")
+    parser.add_argument("--quick", action="store_true", help="with --matrix: lengths 128 / 1024 instead of 1K / 32K")
+    parser.add_argument("--compare", default=None, metavar="RECORDS",
+                        help="with --matrix: flag regressions against RECORDS' latest run of this machine")
+    parser.add_argument("--rounds", type=int, default=3, help="with --matrix: alternated timing rounds")
     args = parser.parse_args(argv)
+    if args.matrix:
+        from . import matrix
+        args.out = args.out or str(MATRIX_OUT)
+        return matrix.main(args)
+    args.out = args.out or str(DEFAULT_OUT)
     if args.report:
         records = load_records(args.report, benchmark="bench")
         print(report(records))

@@ -96,6 +96,38 @@ class Tiling:
     def shared_bytes(self, D, Dv):
         return 4 * self.layout(D, Dv)["size"]
 
+    # What one thread does per key tile in the two matmuls (S = Q K^T, O += P V): counts of the
+    # kernel's source, the model chapter 10's exercises hold answers to (not a measurement).
+    def fmas(self, D, Dv):
+        """FMAs per thread per key tile: RM x RN per dim of Q K^T, RM x RE per key of P V."""
+        L = self.layout(D, Dv)
+        return self.rm * (self.rn * (L["D4"] if self.vec else D) + L["RE"] * self.Bc)
+
+    def shared_loads(self, D, Dv):
+        """Shared-memory load instructions per thread per key tile: RM + RN values per dim, RM + RE
+        per key; the vectorised kernels load them four to an instruction (``ld.shared.v4``)."""
+        L = self.layout(D, Dv)
+        if self.vec:
+            return (L["D4"] * (self.rm + self.rn) + self.Bc * (self.rm + L["RE"])) // 4
+        return D * (self.rm + self.rn) + self.Bc * (self.rm + L["RE"])
+
+    def live_floats(self, D, Dv):
+        """float32 values a thread keeps in its inner loops: the S and O accumulators, the operands
+        read from shared memory, m and l (and the row max in the vectorised kernels), and with
+        ``prefetch`` the next tile's K / V in flight.  The compiler adds addresses and counters
+        (the records' ``regs_per_thread`` are 14-90 above this at chapter 10's tilings)."""
+        L = self.layout(D, Dv)
+        acc = self.rm * self.rn + self.rm * L["RE"] + 2 * self.rm
+        if self.vec:
+            operands = 4 * (self.rm + self.rn + L["RG"]) + self.rm
+        else:
+            operands = self.rm + self.rn + L["RE"]         # a (Q, then P), bk, pv
+        staged = 0
+        if self.prefetch:
+            d = L["D4"] if self.vec else D
+            staged = -(-self.Bc * d // self.threads) + -(-self.Bc * L["EP"] // self.threads)
+        return acc + operands + staged
+
 
 # Decode (Nq = 1): a block of one warp per query row, its 32 threads along the keys and dims.
 DECODE_TILING = Tiling(Br=1, Bc=32, threads=32, tx=32, pad=4, prefetch=True, vec=True)
