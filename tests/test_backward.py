@@ -297,3 +297,48 @@ def test_tiled_backwards_match_the_float64_gradient_on_random_problems(case):
     for impl in ("flash_numpy", "flash_numba_cpu"):
         grads = course_lib.attention_backward(q, k, v, out, lse, dout, impl=impl, **options)
         checks.check_attention_backward(grads, q, k, v, out, lse, dout, **options)
+
+
+# -- chapter 12's package: the counted traffic and the training run -------------------------
+
+@pytest.mark.parametrize("schedule", ["fa2", "fa1", "naive"])
+@pytest.mark.parametrize("case", [dict(), dict(causal=True), dict(window_size=(10, 3)),
+                                  dict(causal=True, causal_align="top_left")])
+def test_the_counted_backward_moves_what_the_model_says(schedule, case):
+    from course_lib.backward.traffic import backward_io, run_counted_backward
+    for dtype, (Nq, Nk, Hk) in ((np.float32, (37, 29, 1)), (np.float16, (64, 70, 2)), (np.float64, (33, 65, 1))):
+        q, k, v, out, lse, dout = problem(np.random.default_rng(11), H=2, Hk=Hk, Nq=Nq, Nk=Nk, D=16, Dv=8,
+                                          dtype=dtype, **case)
+        counted = run_counted_backward(q, k, v, out, lse, dout, schedule=schedule, block_q=16, block_k=16, **case)
+        model = backward_io(2, 2, Nq, Nk, 16, 8, dtype=np.dtype(dtype).name, schedule=schedule,
+                            block_q=16, block_k=16, lse_dtype=lse.dtype, **case)
+        assert counted.traffic == model
+        checks.check_attention_backward(counted.grads, q, k, v, out, lse, dout, **case)
+
+
+def test_fa2_reads_o_once_where_fa1_reads_it_once_per_key_tile():
+    from course_lib.backward.traffic import backward_io
+    fa1, fa2 = (backward_io(1, 1, 1024, 1024, 64, dtype="float16", schedule=s, block_q=64, block_k=64)
+                for s in ("fa1", "fa2"))
+    assert fa1.reads["O"] == 16 * fa2.reads["O"] and fa2.bytes < fa1.bytes
+    naive = backward_io(1, 1, 1024, 1024, 64, dtype="float16", schedule="naive")
+    assert naive.reads["P"] == 2 * 1024 * 1024 * 2
+
+
+def test_one_layer_trained_with_the_course_backward_follows_the_float64_gradient():
+    """The layer's gradient (course backward + projection matmuls) against finite differences."""
+    from course_lib.backward import training
+    shape = training.LayerShape(d_model=6, heads=2, head_dim=3, seqlen=5, batch=2)
+    x, target, start = training.task(shape, seed=3, dtype=np.float64)
+    loss, grads = training.loss_and_grads(start, x, target, shape)
+    h = 1e-6
+    for name in training.PARAMS:
+        for index in [(0, 0), (1, 2), (5, 1)]:
+            params = {n: w.copy() for n, w in start.items()}
+            params[name][index] += h
+            up = np.mean((training.layer(params, x, shape) - target) ** 2)
+            params[name][index] -= 2 * h
+            down = np.mean((training.layer(params, x, shape) - target) ** 2)
+            assert grads[name][index] == pytest.approx((up - down) / (2 * h), rel=1e-5, abs=1e-9)
+    losses = training.train(x, target, start, shape, steps=40, lr=3e-2)
+    assert losses[-1] < 0.5 * losses[0]

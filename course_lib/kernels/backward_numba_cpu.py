@@ -251,6 +251,71 @@ if numba is not None:
                        round_bits, round_min_exponent, fast_exp, dq)
 
 
+    @numba.njit(cache=True, fastmath=FASTMATH)
+    def recompute_only_tile(q, k, lse, Dsum, b, h, kh, c0, tiles_col, Br, Bc, scale, cap, alibi, slope,
+                            offset, left, right, round_bits, round_min_exponent, fast_exp):
+        """What the backward pays for not storing P, alone: Sij = Qi Kj^T and Pij = exp(Sij - lse_i)
+        for every query tile that sees key tile j (``key_tile`` minus its gradient matmuls).
+        Returns the sum of P, so that the compiler keeps the work."""
+        Nq, D, Nk = q.shape[2], q.shape[3], k.shape[2]
+        n_c = min(c0 + Bc, Nk) - c0
+        Br4, Bc4, D4 = (Br + 3) // 4 * 4, (Bc + 3) // 4 * 4, (D + 3) // 4 * 4
+        Kj = np.zeros((Bc4, D4), q.dtype)
+        Qi = np.zeros((Br4, D4), q.dtype)
+        S = np.zeros((Br4, Bc4), q.dtype)
+        dP = np.zeros((Br4, Bc4), q.dtype)      # stays 0: dS is not wanted here
+        G = np.ones((Br4, Bc4), q.dtype)
+        exponent_bits = np.zeros(Bc4, np.int32)
+        total = 0.0
+        for c in range(n_c):
+            for d in range(D):
+                Kj[c, d] = k[b, kh, c0 + c, d]
+        for tr in range(tiles_col.shape[0]):
+            kind = tiles_col[tr]
+            if kind == rules.EMPTY:
+                continue
+            r0 = tr * Br
+            n_r = min(r0 + Br, Nq) - r0
+            for r in range(n_r):
+                for d in range(D):
+                    Qi[r, d] = q[b, h, r0 + r, d]
+            matmul_nt(Qi, Kj, S, (n_r + 3) // 4 * 4, (n_c + 1) // 2 * 2, D)
+            recompute_tile(S, dP, G, lse, Dsum, b, h, r0, n_r, c0, n_c, kind, scale, cap, alibi, slope,
+                           offset, left, right, round_bits, round_min_exponent, fast_exp, exponent_bits)
+            for r in range(n_r):
+                for c in range(n_c):
+                    total += S[r, c]
+        return total
+
+    @numba.njit(cache=True, parallel=True)
+    def recompute_pass(q, k, lse, Dsum, tiles, kv_head, Br, Bc, scale, cap, alibi, slopes, offset, left,
+                       right, round_bits, round_min_exponent, fast_exp, totals):
+        """``key_pass``'s items, recomputing P only (the benchmark's measure of the recompute's share)."""
+        B, H = q.shape[0], q.shape[1]
+        Tc = tiles.shape[1]
+        for item in numba.prange(B * H * Tc):
+            bh, z = item // Tc, item % Tc
+            b, h = bh // H, bh % H
+            t = z // 2 if z % 2 == 0 else Tc - 1 - z // 2
+            totals[item] = recompute_only_tile(q, k, lse, Dsum, b, h, kv_head[h], t * Bc, tiles[:, t], Br, Bc,
+                                               q.dtype.type(scale), q.dtype.type(cap), alibi, slopes[b, h],
+                                               offset, left, right, round_bits, round_min_exponent, fast_exp)
+
+
+def recompute_only(q, k, v, out, lse, dout, opts, mask):
+    """Run only the recompute of P (``recompute_pass``) for validated inputs; returns the sum of P
+    (the number of query rows that see a key, up to rounding: each row of P sums to 1)."""
+    launch, qc, kc, _ = host.prepare(q, k, v, opts, mask, *host.DEFAULT_TILES["flash_numba_cpu"])
+    acc = launch.acc_dtype
+    lse = np.ascontiguousarray(lse, dtype=acc)
+    Dsum = np.zeros(lse.shape, dtype=acc)
+    totals = np.zeros(q.shape[0] * q.shape[1] * launch.tiles.shape[1])
+    recompute_pass(qc, kc, lse, Dsum, launch.tiles, launch.kv_head, launch.Br, launch.Bc, launch.softmax_scale,
+                   launch.softcap, launch.alibi, launch.slopes, launch.offset, launch.left, launch.right,
+                   launch.round_bits, launch.round_min_exponent, acc == np.float32, totals)
+    return float(totals.sum())
+
+
 def run_kernels(launch, q, k, v, out, lse, dout, dq_mode="partials"):
     """(dq, dk per query head, dv per query head) in the accumulation dtype, from prepared q, k, v."""
     if dq_mode not in DQ_MODES:

@@ -89,13 +89,18 @@ def flash_backward(q, k, v, out, lse, dout, opts, mask, loop_order="fa2", stats=
     dV = np.empty((B, H, Nk, Dv), dtype=grad_dtype)
 
     for c0, c1 in col_tiles:                                         # outer: the Tc key / value tiles
+        kinds = [mask.tile_kind(r0, r1, c0, c1) for r0, r1 in row_tiles]
+        if all(kind == EMPTY for kind in kinds):                     # no query sees these keys: dKj = dVj = 0
+            stats.skipped += len(kinds)
+            mem.store("dK", dK, np.s_[:, :, c0:c1], 0)
+            mem.store("dV", dV, np.s_[:, :, c0:c1], 0)
+            continue
         cols = np.arange(c0, c1)
         Kj = mem.hold("K tile", mem.load("K", k, np.s_[:, kv, c0:c1]))     # (B, H, Bc, D)
         Vj = mem.hold("V tile", mem.load("V", v, np.s_[:, kv, c0:c1]))     # (B, H, Bc, Dv)
         dKj = mem.hold("dK accumulator", np.zeros((B, H, c1 - c0, D), dtype=acc))   # on chip throughout
         dVj = mem.hold("dV accumulator", np.zeros((B, H, c1 - c0, Dv), dtype=acc))
-        for r0, r1 in row_tiles:                                     # inner: the Tr query tiles
-            kind = mask.tile_kind(r0, r1, c0, c1)
+        for (r0, r1), kind in zip(row_tiles, kinds):                 # inner: the Tr query tiles
             if kind == EMPTY:
                 stats.skipped += 1
                 continue
