@@ -5,5 +5,7 @@
 __version__ = "0.1.0"
 
 from .api import attention, attention_varlen, available_impls  # noqa: E402
+from .api import attention_backward, attention_backward_varlen, available_backward_impls  # noqa: E402
 
-__all__ = ["attention", "attention_varlen", "available_impls", "__version__"]
+__all__ = ["attention", "attention_varlen", "available_impls", "attention_backward",
+           "attention_backward_varlen", "available_backward_impls", "__version__"]

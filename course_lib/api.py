@@ -6,6 +6,7 @@ Each looks the impl up in the registry (``kernels``) and runs it through
 from __future__ import annotations
 
 from . import kernels
+from .core.backward_options import call_backward, call_backward_varlen
 from .core.options import call_forward, call_forward_varlen
 
 
@@ -58,3 +59,47 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", c
                                causal=causal, causal_align=causal_align, window_size=window_size,
                                softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
                                block_q=block_q, block_k=block_k, return_lse=return_lse)
+
+
+# -- the backward pass (chapter 12) ------------------------------------------------
+
+def available_backward_impls() -> list:
+    """Names of the backward impls usable on this machine, in the course's order."""
+    return [name for name in kernels.BACKWARD_IMPLS if kernels.load(name, kernels.BACKWARD_IMPLS) is not None]
+
+
+def _backward_impl(impl):
+    if not isinstance(impl, str) or impl not in kernels.BACKWARD_IMPLS:
+        raise ValueError(f"impl must be one of {list(kernels.BACKWARD_IMPLS)}, got {impl!r}")
+    backward = kernels.load(impl, kernels.BACKWARD_IMPLS)
+    if backward is None:
+        raise ValueError(f"backward impl {impl!r} is not available on this machine; "
+                         f"available: {available_backward_impls()}")
+    return backward
+
+
+def attention_backward(q, k, v, out, lse, dout, *, impl="flash_numpy", causal=False,
+                       causal_align="bottom_right", window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                       softmax_scale=None, block_q=None, block_k=None):
+    """Gradients (dq, dk, dv) of attention, given its forward's ``out`` and ``lse`` and dL/dout.
+
+    q, k, v and the options are those of the ``attention(..., return_lse=True)`` call that gave
+    out (batch, heads, seqlen_q, head_dim_v) and lse (batch, heads, seqlen_q); dout is shaped and
+    typed like out.  Returns dq, dk, dv shaped like q, k, v, in q's dtype (float32 accumulation
+    at low precision); dk and dv are summed over the query heads of each K / V head (GQA / MQA).
+    """
+    return call_backward(_backward_impl(impl), q, k, v, out, lse, dout, causal=causal,
+                         causal_align=causal_align, window_size=window_size, softcap=softcap,
+                         alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+                         block_q=block_q, block_k=block_k)
+
+
+def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, impl="flash_numpy",
+                              causal=False, causal_align="bottom_right", window_size=(-1, -1), softcap=0.0,
+                              alibi_slopes=None, softmax_scale=None, block_q=None, block_k=None):
+    """``attention_backward`` for ``attention_varlen``'s packed layout: q, out, dout (total_q, H, D[v]),
+    k, v (total_k, Hk, D[v]), lse (H, total_q).  Returns (dq, dk, dv) packed like q, k, v."""
+    return call_backward_varlen(_backward_impl(impl), q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k,
+                                causal=causal, causal_align=causal_align, window_size=window_size,
+                                softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+                                block_q=block_q, block_k=block_k)

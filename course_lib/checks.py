@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .core import rules
+from .core.backward_options import call_backward
 from .core.options import call_forward
 from .core.reference import attention_math
+from .core.reference_backward import backward_math, naive_backward
 from .kernels import naive
 
 # (atol, rtol) per dtype the answer is asked for (never the dtype it comes in).  float32 leaves room for a different
@@ -308,3 +310,48 @@ def readonly(*arrays):
         x.setflags(write=False)
         frozen.append(x)
     return frozen[0] if len(frozen) == 1 else tuple(frozen)
+
+
+# -- gradients (chapter 12) --------------------------------------------------------
+
+GRAD_NAMES = ("dq", "dk", "dv")
+
+
+def gradient_tolerances(q, k, v, out, lse, dout, expected, **options):
+    """Per gradient (bound or None, atol, rtol, rule text), for gradients expected in q's dtype.
+
+    FlashAttention's gradient rule: the largest error may be at most twice the largest error of
+    the naive backward in the same dtype (P materialised, same precision rule), plus the rounding
+    term; float32 also passes within the fixed bounds.  float64: the fixed bounds alone."""
+    atol, rtol = tolerance(q.dtype)
+    if q.dtype == np.float64:
+        return [(None, atol, rtol, f"atol {atol:g}, rtol {rtol:g}")] * 3
+    baseline = call_backward(naive_backward, q, k, v, out, lse, dout, **options)
+    rules_ = []
+    for base, exp in zip(baseline, expected):
+        bound = 2 * _largest(_errors(base, exp)[2]) + _rounding(exp, q.dtype)
+        if rules.is_low_precision(q.dtype):
+            rules_.append((bound, 0.0, 0.0, f"2 x naive {q.dtype.name} backward error + rounding"))
+        else:
+            rules_.append((bound, atol, rtol, f"atol {atol:g}, rtol {rtol:g} or 2 x naive float32 backward "
+                                              "error + rounding"))
+    return rules_
+
+
+def check_attention_backward(grads, q, k, v, out, lse, dout, *, name="backward", **options) -> None:
+    """Check (dq, dk, dv) against the float64 gradient of the same out, lse and dout.
+
+    ``options`` are ``course_lib.attention_backward``'s.  The expected gradients come from
+    ``reference_backward`` in float64, the tolerance from q's dtype (``gradient_tolerances``)."""
+    if not isinstance(grads, (tuple, list)) or len(grads) != 3:
+        return _announce(Verdict(False, f"FAIL {name}: expected (dq, dk, dv), got {type(grads).__name__}",
+                                 "  hint: return a tuple of three arrays shaped like q, k and v"))
+    expected = call_backward(backward_math, q, k, v, out, lse, dout, **options)
+    label = f"{name} ({_describe(q, k, v, options)})"
+    for grad_name, actual, exp, (bound, atol, rtol, rule) in zip(
+            GRAD_NAMES, grads, expected, gradient_tolerances(q, k, v, out, lse, dout, expected, **options)):
+        verdict = compare(f"{label} {grad_name}", actual, exp, bound=bound, atol=atol, rtol=rtol, rule=rule,
+                          attention=True)
+        if not verdict.passed:
+            return _announce(verdict)
+    return _announce(Verdict(True, f"PASS {label}: dq, dk, dv within {rule}"))

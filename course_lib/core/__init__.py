@@ -11,5 +11,7 @@
   and ``occupancy``, the blocks one SM holds;
 - ``flops``: the one FLOP convention (the pairs a mask lets through);
 - ``machine``: what this machine is (CPU, cores, GPU or simulator), read when asked;
-- ``options``: validation of a call's inputs and options, shared by every impl.
+- ``options``: validation of a call's inputs and options, shared by every impl;
+- ``reference_backward``: the float64 gradient (P materialised) and the tile functions of the backward;
+- ``backward_options``: validation of a backward call (out, lse, dout and the lse's cheap consistency checks).
 """

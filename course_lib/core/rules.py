@@ -93,6 +93,14 @@ def softcap(s, cap):
     return s
 
 
+def softcap_slope(t, cap):
+    """d softcap(s) / ds written in the capped score t = softcap(s): 1 - (t / cap)**2
+    (tanh' = 1 - tanh**2), so a backward that recomputed t needs no second tanh; 1 without a cap."""
+    if cap > 0.0:
+        return 1.0 - (t / cap) * (t / cap)
+    return 1.0
+
+
 # -- the online softmax of one row ------------------------------------------------------
 
 def max_nan(a, b):

@@ -90,13 +90,31 @@ IMPLS = {
     "cuda_tuned": _step("tuned", "tiled_staged with tile sizes and threads autotuned per head dim"),
 }
 
+# The backward impls (chapter 12): each an ``attention_backward(q, k, v, out, lse, dout, opts, mask)``
+# returning (dq, dk, dv); validated by ``core.backward_options``.
+BACKWARD_IMPLS = {
+    "reference": Impl("course_lib.core.reference_backward", "float64, P materialised: the truth",
+                      "attention_backward"),
+    "naive": Impl("course_lib.core.reference_backward", "the same math in the input dtype", "naive_backward"),
+    "flash_numpy": Impl("course_lib.kernels.backward_numpy", "FA2: K/V tiles outer, P recomputed, dQ in HBM",
+                        "attention_backward"),
+    "flash_numpy_fa1": Impl("course_lib.kernels.backward_numpy", "FA1: D_i recomputed from O_i every step",
+                            "flash_backward", {"loop_order": "fa1"}),
+    "flash_numba_cpu": Impl("course_lib.kernels.backward_numba_cpu",
+                            "compiled: prange over key tiles, per-thread dQ partials merged", "attention_backward"),
+    "flash_numba_cpu_dq_pass": Impl("course_lib.kernels.backward_numba_cpu",
+                                    "compiled: dK, dV by key tiles, then dQ by a second pass over query tiles",
+                                    "attention_backward", {"dq": "second_pass"}),
+}
+
 # Impls that compute attention for the learner; exercises may not call them.
 COURSE_KERNELS = tuple(IMPLS)
 
 
-def load(name):
-    """The ``attention_forward`` of impl ``name``, or None when it is not usable here."""
-    impl = IMPLS[name]
+def load(name, registry=IMPLS):
+    """The function of impl ``name`` in ``registry`` (``IMPLS`` or ``BACKWARD_IMPLS``), or None when it
+    is not usable here."""
+    impl = registry[name]
     try:
         module = importlib.import_module(impl.module)
     except ModuleNotFoundError as error:

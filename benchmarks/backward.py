@@ -1,0 +1,188 @@
+"""The backward pass on this CPU: the course's compiled backward against PyTorch's autograd.  (chapter 12)
+
+    .venv/bin/python benchmarks/backward.py                 # time, recompute share, then memory
+    .venv/bin/python benchmarks/backward.py --no-memory --rounds 2
+
+Appends to ``notebooks/records/backward.jsonl``, where chapter 12 plots it:
+
+- ``backward_time``: at (1, 8, 4096, D) for D = 64 and 128, causal or not,
+  float32, the backward alone (out, lse and dout made beforehand): the course's
+  ``flash_numba_cpu`` (dQ by per-thread partials), ``flash_numba_cpu_dq_pass``
+  (dQ by a second pass) and ``torch_sdpa`` (``out.backward(dout)`` through
+  ``scaled_dot_product_attention``, the graph kept between calls).  Every
+  measurement is a worker process of its own, and the rounds alternate the
+  impls, so that a load that comes and goes on a shared machine hits them alike;
+  each record keeps min, median and max over the rounds.
+- ``backward_recompute``: in the same workers, the recompute alone
+  (``backward_numba_cpu.recompute_only``: S = Q K^T and P = exp(S - lse) on
+  every tile the backward visits) beside the full backward: its share of the time.
+- ``backward_memory``: B = H = 1, D = 64, N from 1K to 16K: how far the
+  resident set rises during one backward call above where it stood with q, k,
+  v, out, lse and dout made (Linux's peak-RSS counter, reset first).  The
+  tiled backwards hold O(N) (dQ accumulators, D, tiles); ``naive`` materialises
+  P, dP and dS, O(N^2), and is not run where they would not fit.
+
+A benchmark, not a test: nothing here asserts a speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "notebooks" / "records" / "backward.jsonl"
+TIME_IMPLS = ("flash_numba_cpu", "flash_numba_cpu_dq_pass", "torch_sdpa")
+MEMORY_IMPLS = ("flash_numba_cpu", "flash_numba_cpu_dq_pass", "flash_numpy", "naive", "torch_sdpa")
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}   # large blocks stay visible in the RSS
+
+
+def resident_bytes(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def problem(B, H, N, D, causal, seed=0):
+    import course_lib
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((B, H, N, D)).astype(np.float32) for _ in range(3))
+    out, lse = course_lib.attention(q, k, v, impl="flash_numba_cpu", causal=causal, return_lse=True)
+    dout = rng.standard_normal(out.shape).astype(np.float32)
+    return q, k, v, out, lse, dout
+
+
+def make_call(impl, q, k, v, out, lse, dout, causal):
+    """A zero-argument callable running one backward of ``impl``."""
+    if impl == "torch_sdpa":
+        import torch
+        tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+        tout = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        tdout = torch.from_numpy(dout)
+
+        def call():
+            for t in (tq, tk, tv):
+                t.grad = None
+            tout.backward(tdout, retain_graph=True)
+        return call
+    import course_lib
+    return lambda: course_lib.attention_backward(q, k, v, out, lse, dout, impl=impl, causal=causal)
+
+
+def worker(impl, shape, causal, what):
+    """One impl, one shape, in this process; prints one JSON line."""
+    B, H, N, D = shape
+    small = problem(1, 2, 128, D, causal)
+    make_call(impl, *small, causal)()                       # compile / load the cache, warm up
+    arrays = problem(B, H, N, D, causal)
+    call = make_call(impl, *arrays, causal)
+    result = {}
+    if what == "memory":
+        before = resident_bytes("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")       # reset the peak-RSS counter (VmHWM)
+        start = time.perf_counter()
+        call()
+        result["time_s"] = time.perf_counter() - start
+        result["peak_bytes"] = resident_bytes("VmHWM") - before
+    else:
+        start = time.perf_counter()
+        call()
+        result["time_s"] = time.perf_counter() - start
+        if impl == "flash_numba_cpu":
+            from course_lib.core.backward_options import call_backward
+            from course_lib.kernels.backward_numba_cpu import recompute_only
+            call_backward(recompute_only, *small, causal=causal)  # compile
+            start = time.perf_counter()
+            call_backward(recompute_only, *arrays, causal=causal)
+            result["recompute_s"] = time.perf_counter() - start
+    print(json.dumps(result))
+
+
+def run_worker(args):
+    out = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True,
+                         check=False, env={**os.environ, **MALLOC_ENV})
+    if out.returncode != 0:
+        raise RuntimeError(f"worker {args} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def spread(values):
+    return {"min_s": float(np.min(values)), "median_s": float(np.median(values)), "max_s": float(np.max(values)),
+            "rounds": len(values), "times_s": [float(t) for t in values]}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", nargs=4, metavar=("IMPL", "SHAPE", "CAUSAL", "WHAT"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--memory-sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--naive-budget-gib", type=float, default=6.0)
+    parser.add_argument("--no-time", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--out", type=Path, default=RECORDS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        impl, shape, causal, what = args.worker
+        return worker(impl, tuple(int(n) for n in shape.split(",")), causal == "1", what)
+
+    import numba
+    import torch
+    from tqdm import tqdm
+
+    from course_lib import bench
+    env = bench.environment()
+    env.update(torch=torch.__version__, torch_threads=torch.get_num_threads(), numba_threads=numba.get_num_threads())
+    run = bench.new_run()
+    print(f"run {run} on {env['cpu']} ({env['cpu_cores']['usable']} cores), float32; records -> {args.out}")
+
+    if not args.no_time:
+        cases = [(d, causal) for d in args.head_dims for causal in (False, True)]
+        times = {(impl, d, c): [] for impl in TIME_IMPLS for d, c in cases}
+        recompute = {(d, c): [] for d, c in cases}
+        steps = [(r, d, c, impl) for r in range(args.rounds) for d, c in cases
+                 for impl in (TIME_IMPLS if r % 2 == 0 else TIME_IMPLS[::-1])]
+        for _, d, c, impl in tqdm(steps, desc="time", unit="call"):
+            result = run_worker([impl, f"1,8,{args.seqlen},{d}", "1" if c else "0", "time"])
+            times[impl, d, c].append(result["time_s"])
+            if "recompute_s" in result:
+                recompute[d, c].append(result["recompute_s"] / result["time_s"])
+        for (impl, d, c), values in times.items():
+            extra = spread(values)
+            torch_median = np.median(times["torch_sdpa", d, c])
+            extra["speedup_vs_torch_sdpa"] = float(torch_median / np.median(values))
+            if impl == "flash_numba_cpu":
+                extra["recompute_share"] = spread(recompute[d, c])
+            bench.append_record(args.out, benchmark="backward_time", impl=impl, shape=(1, 8, args.seqlen,
+                                args.seqlen, d), dtype="float32", time_s=float(np.median(values)), causal=c,
+                                run=run, env=env, layer="end to end", pass_="backward", **extra)
+            share = f", recompute {np.median(recompute[d, c]):.0%}" if impl == "flash_numba_cpu" else ""
+            print(f"D={d} causal={c} {impl:<24} median {np.median(values):.3f} s "
+                  f"({extra['speedup_vs_torch_sdpa']:.2f}x torch){share}")
+
+    if not args.no_memory:
+        steps = [(n, impl) for n in args.memory_sizes for impl in MEMORY_IMPLS]
+        for n, impl in tqdm(steps, desc="memory", unit="call"):
+            if impl == "naive" and 6 * n * n * 4 > args.naive_budget_gib * 2 ** 30:
+                bench.append_record(args.out, benchmark="backward_memory", impl=impl, shape=(1, 1, n, n, 64),
+                                    dtype="float32", time_s=1.0, run=run, env=env, skipped="P, dP, dS do not fit")
+                continue
+            if impl == "flash_numpy" and n > 8192:
+                continue                                     # minutes of numpy tile calls; the compiled ones show it
+            result = run_worker([impl, f"1,1,{n},64", "0", "memory"])
+            bench.append_record(args.out, benchmark="backward_memory", impl=impl, shape=(1, 1, n, n, 64),
+                                dtype="float32", time_s=result["time_s"], run=run, env=env,
+                                peak_bytes=result["peak_bytes"], saved_bytes=4 * n * 64 * 4 + 4 * n)
+            print(f"N={n} {impl:<24} peak +{result['peak_bytes'] / 2 ** 20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
