@@ -33,7 +33,7 @@ import ml_dtypes
 import numpy as np
 
 from . import kernels
-from .api import available_impls
+from .api import attention, available_impls
 from .bench.records import environment, new_run
 from .bench.timing import time_interleaved, time_it
 from .core.options import attention_options
@@ -47,6 +47,7 @@ PRECISIONS = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtype
 SIMULATED = "flash_numba_cuda"  # runs in numba's CUDA simulator here: tiny shapes only
 PAGED = "paged block-table reader"  # the paged cache's own decode attention
 DEFAULT_OUT = Path("notebooks/records/model_eval.jsonl")
+TEXT_START = 2048  # past the files' licence headers: scored text is code
 
 
 def make_record(table, *, impl, dtype="float32", phase, shape, seconds=None, perplexity=None,
@@ -82,7 +83,8 @@ class Evaluation:
         return (batch, H, Hk, nq, nk, D)
 
     def rec(self, table, **fields):
-        return make_record(table, run=self.run, env=self.env, unigram_perplexity=self.unigram, **fields)
+        fields.setdefault("unigram_perplexity", self.unigram)
+        return make_record(table, run=self.run, env=self.env, **fields)
 
     # -- 1. quality ---------------------------------------------------------------
 
@@ -109,7 +111,7 @@ class Evaluation:
         else:
             length = 64 if self.quick else c.context
             windows = (2 if self.quick else 16) if phase == "prefill" else 1
-        text = self.text[:windows * length + 1]
+        text = self.text[TEXT_START:TEXT_START + windows * length + 1]
         start = time.perf_counter()
         if phase == "prefill":
             ppl = self.model.perplexity(text, impl=impl, dtype=dtype, length=length)
@@ -121,7 +123,9 @@ class Evaluation:
         seconds = time.perf_counter() - start
         truth = (self.model.perplexity(text, length=length) if phase == "prefill"
                  else self.model.perplexity(text, length=len(text) - 1))
+        unigram = corpus.unigram_perplexity(corpus.read(corpus.TRAIN_FILES), text)
         return self.rec("quality", impl=impl, dtype=precision, phase=phase, shape=shape, perplexity=ppl,
+                        unigram_perplexity=unigram,
                         kv_cache=kv_cache, seconds=seconds, layer="whole scoring pass", text_bytes=len(text),
                         reference_perplexity=truth, relative_change=ppl / truth - 1.0)
 
@@ -164,7 +168,6 @@ class Evaluation:
 
     def layer_rows(self, impl):
         """One decode step's attention, measured three ways: which layer each number is."""
-        from .api import attention
         m = self.model
         n = m.config.context // 2
         B, H, Hk, _, Nk, D = self.shape(1, 1, n + 1)
@@ -299,7 +302,7 @@ def format_tables(records) -> str:
     lines = []
     for table in dict.fromkeys(r["table"] for r in records):
         lines.append(f"\n== {table} ==")
-        lines.append(f"{'impl':<24}{'dtype':<10}{'phase':<9}{'kv cache':<14}{'B H Hk Nq Nk D':<22}"
+        lines.append(f"{'impl':<26}{'dtype':<10}{'phase':<9}{'kv cache':<14}{'B H Hk Nq Nk D':<22}"
                      f"{'mask':<28}{'perplexity':>11}{'seconds':>11}  layer / note")
         for r in (r for r in records if r["table"] == table):
             s = r["shape"]
@@ -308,15 +311,13 @@ def format_tables(records) -> str:
             sec = "" if r["seconds"] is None else f"{r['seconds']:.2e}"
             note = r["layer"] or ""
             if "relative_change" in r:
-                note += f"; vs reference {r['relative_change']:+.2e}"
+                note += f"; vs reference {r['relative_change']:+.2e}; byte-unigram {r['unigram_perplexity']:.2f}"
             if "splits" in r:
                 note += f"; splits {r['splits']}, x{r['speedup_vs_one_split']:.2f}"
             if "tiles_computed" in r:
                 note += f"; tiles {r['tiles_computed']}/{r['tiles_in_all']}"
-            lines.append(f"{r['impl']:<24}{r['dtype']:<10}{r['phase']:<9}{str(r['kv_cache'] or '-'):<14}"
+            lines.append(f"{r['impl']:<26}{r['dtype']:<10}{r['phase']:<9}{str(r['kv_cache'] or '-'):<14}"
                          f"{shape:<22}{r['mask'][:27]:<28}{ppl:>11}{sec:>11}  {note}")
-    if records:
-        lines.append(f"\nbyte-unigram perplexity of the held-out text: {records[0]['unigram_perplexity']:.3f}")
     return "\n".join(lines)
 
 
@@ -324,10 +325,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m course_lib.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short texts and few repeats (a few minutes)")
     parser.add_argument("--impls", nargs="+", help=f"impls to judge (default: {', '.join(available_impls())})")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per number (default 3 quick, 7 full)")
     parser.add_argument("--out", default=None, help=f"append JSON-line records here (e.g. {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     from tqdm.auto import tqdm
-    ev = Evaluation(quick=args.quick, impls=args.impls)
+    ev = Evaluation(quick=args.quick, impls=args.impls, repeats=args.repeats)
     records = []
     tasks = ev.tasks()
     with tqdm(tasks, desc="evaluate", unit="task", file=sys.stderr) as bar:
