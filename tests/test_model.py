@@ -1,0 +1,252 @@
+"""Chapter 13's model: it really works, every impl gives it the same quality, and its caches are right."""
+import json
+
+import numpy as np
+import pytest
+
+import course_lib
+from course_lib import attention
+from course_lib.model import corpus, custom_masks, kv_cache
+from course_lib.model.split_kv import chunks, split_kv_decode
+from course_lib.model.transformer import DEFAULT_WEIGHTS, Transformer
+
+RECORD = DEFAULT_WEIGHTS.parent / "training.json"
+CPU_IMPLS = [name for name in course_lib.available_impls() if name != "flash_numba_cuda"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer.load()
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    return corpus.read(corpus.HELDOUT_FILES)
+
+
+def _qkv(rng, B=2, H=4, Hk=2, nq=1, nk=37, D=32, dtype=np.float32):
+    q = rng.standard_normal((B, H, nq, D)).astype(dtype)
+    k, v = (rng.standard_normal((B, Hk, nk, D)).astype(dtype) for _ in range(2))
+    return q, k, v
+
+
+# -- the model really works ---------------------------------------------------------
+
+def test_held_out_perplexity_is_far_below_the_byte_unigram_model(model, heldout):
+    text = heldout[5000:5000 + 2 * 128 + 1]
+    unigram = corpus.unigram_perplexity(corpus.read(corpus.TRAIN_FILES), text)
+    assert model.perplexity(text, length=128) < 0.5 * unigram
+
+
+def test_training_record_names_the_data_and_keeps_held_out_files_out_of_training():
+    record = json.loads(RECORD.read_text())
+    train = [row["file"] for row in record["train_files"]]
+    held = [row["file"] for row in record["heldout_files"]]
+    assert train == list(corpus.TRAIN_FILES) and held == list(corpus.HELDOUT_FILES)
+    assert not set(train) & set(held)
+    assert all(len(row["sha256"]) == 64 for row in record["train_files"] + record["heldout_files"])
+    curve = record["curve"]
+    assert curve[-1]["heldout_loss"] < curve[0]["heldout_loss"] - 1.0
+    assert {"seed", "torch", "wall_seconds", "environment"} <= set(record)
+
+
+def test_the_torch_network_that_was_trained_is_the_numpy_network(model):
+    torch = pytest.importorskip("torch")
+    from course_lib import train
+    net = train.load_numpy_weights(train.build(model.config), model.weights)
+    tokens = np.frombuffer(b"def main(argv=None):\n    return 0\n", dtype=np.uint8).astype(np.int64)[None]
+    with torch.no_grad():
+        expected = net(torch.from_numpy(tokens)).numpy()
+    np.testing.assert_allclose(model.forward(tokens), expected, atol=2e-4, rtol=1e-4)
+
+
+# -- every impl, the same quality; a kernel bug shows -----------------------------
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_every_impl_gives_the_reference_perplexity_in_float32(model, heldout, impl):
+    text = heldout[:2 * 64 + 1]
+    truth = model.perplexity(text, length=64)
+    assert model.perplexity(text, impl=impl, length=64) == pytest.approx(truth, rel=1e-3)
+
+
+def test_the_cuda_kernel_gives_the_reference_perplexity_at_a_tiny_size(model, heldout):
+    if "flash_numba_cuda" not in course_lib.available_impls():
+        pytest.skip("flash_numba_cuda is not available here (no GPU and no CUDA simulator)")
+    text = heldout[:9]
+    truth = model.perplexity(text, length=8)
+    assert model.perplexity(text, impl="flash_numba_cuda", length=8) == pytest.approx(truth, rel=1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_attention_changes_perplexity_by_well_under_a_percent(model, heldout, dtype):
+    import ml_dtypes
+    dt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    text = heldout[:2 * 64 + 1]
+    truth = model.perplexity(text, length=64)
+    assert model.perplexity(text, impl="flash_numpy", dtype=dt, length=64) == pytest.approx(truth, rel=1e-2)
+
+
+def test_a_planted_kernel_bug_shows_up_as_a_quality_change(model, heldout):
+    text = heldout[:2 * 64 + 1]
+    truth = model.perplexity(text, length=64)
+
+    def wrong_scale(q, k, v, causal):  # 1/D instead of 1/sqrt(D): softmax far too flat
+        return attention(q, k, v, causal=causal, softmax_scale=1.0 / q.shape[-1])
+
+    def misses_the_diagonal(q, k, v, causal):  # query i sees keys j < i, not j <= i
+        rest = attention(q[:, :, 1:], k[:, :, :-1], v[:, :, :-1], causal=True, causal_align="top_left")
+        return np.concatenate([np.zeros_like(q[:, :, :1]), rest], axis=2)
+
+    for buggy in (wrong_scale, misses_the_diagonal):
+        assert model.perplexity(text, impl=buggy, length=64) > 1.05 * truth, buggy.__name__
+
+
+def test_a_top_left_causal_mask_passes_prefill_and_breaks_decode(model, heldout):
+    """PyTorch's is_causal alignment agrees with FlashAttention's when Nq == Nk, never in decode."""
+    text = heldout[:33]
+
+    def top_left(q, k, v, causal):
+        return attention(q, k, v, causal=causal, causal_align="top_left")
+
+    truth = model.perplexity(text, length=32)
+    assert model.perplexity(text, impl=top_left, length=32) == pytest.approx(truth, rel=1e-6)
+    assert model.decode_perplexity(text, impl=top_left) > 1.05 * truth
+
+
+# -- prefill and decode, the caches ---------------------------------------------------
+
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+def test_decoding_through_the_cache_scores_what_prefill_scores(model, heldout, kv):
+    text = heldout[100:100 + 41]
+    assert model.decode_perplexity(text, kv_cache=kv, prefill=7, block_size=8) == pytest.approx(
+        model.perplexity(text, length=40), rel=1e-5)
+
+
+def test_greedy_generation_is_the_same_with_either_cache_or_none(model):
+    prompt = b"    def __init__(self"
+    outs = {kv: model.generate(prompt, 12, kv_cache=kv, impl="flash_numpy") for kv in ("contiguous", "paged", None)}
+    assert len(set(outs.values())) == 1 and len(outs["paged"]) == 12
+
+
+def test_paged_cache_takes_blocks_only_as_sequences_grow_and_gives_them_back():
+    cache = kv_cache.PagedKVCache(1, 2, 4, batch=2, block_size=8, num_blocks=5, max_len=40)
+    rng = np.random.default_rng(0)
+    for T in (3, 6, 1):  # both sequences grow together: their blocks interleave in the pool
+        k = rng.standard_normal((2, 2, T, 4)).astype(np.float32)
+        cache.append(0, k, -k)
+        cache.advance(T)
+    assert [len(row) for row in cache.block_table] == [2, 2] and cache.blocks_in_use() == 4
+    assert cache.block_table[0] != [0, 1]  # not contiguous: the table, not the order, says where
+    k0, v0 = cache.gather(0, 0, 10)
+    assert k0.shape == (2, 10, 4) and np.array_equal(v0, -k0)
+    cache.release(1)
+    assert cache.blocks_in_use() == 2 and len(cache.free) == 3
+    with pytest.raises(MemoryError, match="blocks"):
+        cache.reserve(0, 48)
+
+
+def test_paged_decode_reads_through_the_block_table_and_matches_the_reference():
+    rng = np.random.default_rng(1)
+    B, H, Hk, D, bs = 3, 4, 2, 16, 5
+    lengths = np.array([1, 11, 23])
+    cache = kv_cache.PagedKVCache(1, Hk, D, batch=B, block_size=bs, num_blocks=12, max_len=30)
+    keys = [rng.standard_normal((Hk, n, D)).astype(np.float32) for n in lengths]
+    vals = [rng.standard_normal((Hk, n, D)).astype(np.float32) for n in lengths]
+    for t in range(lengths.max()):  # one token at a time, as decode writes them
+        live = [b for b in range(B) if t < lengths[b]]
+        for b in live:
+            block = cache.block_table[b]
+            if t % bs == 0:
+                block.append(cache.free.pop(0))  # take from the front: an order unlike the sequence's
+            cache.k_pool[0, block[t // bs], :, t % bs] = keys[b][:, t]
+            cache.v_pool[0, block[t // bs], :, t % bs] = vals[b][:, t]
+    q = rng.standard_normal((B, H, 1, D)).astype(np.float32)
+    out = kv_cache.paged_decode_attention(q, cache, 0, lengths)
+    for b in range(B):
+        expected = attention(q[b:b + 1], keys[b][None], vals[b][None])
+        np.testing.assert_allclose(out[b:b + 1], expected, atol=1e-5)
+
+
+def test_cache_bytes_per_token_is_what_the_buffers_hold(model):
+    c = model.config
+    for dtype in (np.float32, np.float16):
+        cache = model.new_cache(1, dtype=dtype)
+        per = kv_cache.cache_bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, dtype)
+        assert cache.nbytes() == per * c.context
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+def test_split_kv_decode_merges_to_the_unsplit_answer(splits):
+    q, k, v = _qkv(np.random.default_rng(2), nk=50)
+    np.testing.assert_allclose(split_kv_decode(q, k, v, splits=splits, workers=2), attention(q, k, v), atol=1e-6)
+    assert sum(b - a for a, b in chunks(50, splits)) == 50
+
+
+def test_split_kv_decode_refuses_a_prompt():
+    q, k, v = _qkv(np.random.default_rng(3), nq=4)
+    with pytest.raises(ValueError, match="decode"):
+        split_kv_decode(q, k, v, splits=2)
+
+
+@pytest.mark.parametrize("mask", [custom_masks.DocumentMask((5, 17, 10)), custom_masks.PrefixLMMask(9)])
+def test_custom_masks_fast_path_equals_the_dense_slow_path_and_skips_tiles(mask):
+    q, k, v = _qkv(np.random.default_rng(4), B=1, nq=32, nk=32)
+    fast = mask.fast(q, k, v, "flash_numpy")
+    dense = custom_masks.dense_masked_attention(q, k, v, mask.visible(32))
+    np.testing.assert_allclose(fast, dense, atol=1e-5)
+    tiles = custom_masks.tile_counts(mask, 32, 8, 8)
+    assert tiles["fast"] < tiles["dense"] == 16
+
+
+# -- bad input: clear errors ------------------------------------------------------------
+
+def test_a_prompt_longer_than_the_context_is_refused(model):
+    with pytest.raises(ValueError, match="context"):
+        model.generate(b"x" * model.config.context, 1)
+    with pytest.raises(ValueError, match="context"):
+        model.generate(b"x" * 250, 10)
+
+
+def test_an_empty_prompt_is_refused(model):
+    with pytest.raises(ValueError, match="empty"):
+        model.generate(b"", 4)
+
+
+def test_a_kv_cache_of_the_wrong_shape_is_refused(model):
+    c = model.config
+    wrong = kv_cache.KVCache(c.n_layers, 1, c.n_heads, c.context, c.head_dim)  # H instead of H_kv
+    with pytest.raises(ValueError, match="n_kv_heads 4"):
+        model.prefill(b"abc", wrong)
+    with pytest.raises(ValueError, match="dtype"):
+        model.prefill(b"abc", model.new_cache(1, dtype=np.float16))
+    with pytest.raises(TypeError, match="KVCache"):
+        model.prefill(b"abc", {"k": None})
+
+
+def test_a_full_cache_is_refused(model):
+    cache = model.new_cache(1)
+    model.prefill(b"a" * model.config.context, cache)
+    with pytest.raises(ValueError, match="holds"):
+        model.decode_step(97, cache)
+
+
+# -- the evaluation records ---------------------------------------------------------------
+
+def test_evaluation_records_carry_what_the_brief_asks(model):
+    from course_lib import evaluate
+    ev = evaluate.Evaluation(model, quick=True, impls=["reference", "flash_numpy"], repeats=1)
+    rows = [ev.quality_row("flash_numpy", "float32", "prefill", None),
+            ev.quality_row(evaluate.PAGED, "float16", "decode", "paged")]
+    for r in rows:
+        assert {"impl", "dtype", "phase", "perplexity", "unigram_perplexity", "seconds", "kv_cache", "shape",
+                "mask", "environment"} <= set(r)
+        assert r["perplexity"] < r["unigram_perplexity"]
+    assert abs(rows[0]["relative_change"]) < 1e-3 and abs(rows[1]["relative_change"]) < 1e-2
+    table = evaluate.format_tables(rows)
+    assert "float16" in table and "byte-unigram" in table
+
+
+def test_evaluate_refuses_an_unknown_impl(model):
+    from course_lib import evaluate
+    with pytest.raises(ValueError, match="unknown impls"):
+        evaluate.Evaluation(model, impls=["flash_turbo"])
