@@ -239,10 +239,12 @@ def _stop_servers(place: Place, settings: dict) -> None:
         print(f"the hub's API answered {code}: servers are stopped below instead")
         return
     running = [u["name"] for u in users if u.get("servers")]
-    for name in running:
-        hub_api(place, settings, "DELETE", f"/users/{name}/server")
-    deadline = time.monotonic() + HUB_STOP_S
+    deadline, asked = time.monotonic() + HUB_STOP_S, 0.0
     while running and time.monotonic() < deadline:
+        if time.monotonic() - asked > 10:  # asked again every 10 s: a server still starting may not stop at once
+            for name in running:
+                hub_api(place, settings, "DELETE", f"/users/{name}/server")
+            asked = time.monotonic()
         time.sleep(0.5)
         code, users = hub_api(place, settings, "GET", "/users")
         running = [u["name"] for u in users or [] if u.get("servers")]

@@ -448,7 +448,8 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     kernels[ada] = hub.session(ada, "notebooks/01_naive_attention.ipynb")  # the restart ended her kernel
 
     # Collect and grade: one command, one CSV, each learner's points.
-    out = _workshop(hub.root, "grade", SET, "--jobs", "2", "--timeout", "120", "--processes", "256")
+    out = _workshop(hub.root, "grade", SET, "--jobs", "2", "--timeout", "120", "--processes", "256",
+                    "--deadline", "2020-01-01T00:00+00:00")  # long past: both notebooks changed after it
     with open(hub.root / "state" / "grades" / f"{SET}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == coursework.GRADE_COLUMNS
@@ -464,6 +465,18 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     out_of = sum(points.values())
     assert total == {ada: out_of, bob: 2}  # so the two rows above really differ
     assert f"{ada}: {out_of} / {out_of}" in out and f"{bob}: 2 / {out_of}" in out, out
+    # Each submission's times, hash and lateness, beside the collected notebooks.
+    collected = hub.root / "state" / "collected" / SET
+    with open(collected / "submissions.csv", newline="") as f:
+        submitted = {r["learner"]: r for r in csv.DictReader(f)}
+    assert sorted(submitted) == hub.names
+    for name, row in submitted.items():
+        assert row["status"] == "collected" and row["late"] == "yes" and row["deadline"] == "2020-01-01T00:00:00Z"
+        assert row["sha256"] == hashlib.sha256((collected / f"{name}.ipynb").read_bytes()).hexdigest()
+        assert row["changed_at"] >= row["saved_at"] > "2026", row
+    # A hand mark of ada's written defence, as the instructor types it into the sheet.
+    (hub.root / "state" / "manual.csv").write_text("learner,exercise_set,exercise,points,max_points,comment\n"
+                                                   f"{ada},{SET},1.8 defence,1,2,the mask argument is missing\n")
 
     # Hostile folders: bob points his feedback file at the hub's passwords and his set 02 at ada's;
     # ada's set 03 is a FIFO (a reader that follows it as root would block or read another's file).
@@ -495,13 +508,25 @@ os.symlink({ada_home + '/flash-course/exercises/02_roofline.ipynb'!r}, '../exerc
         r = hub.api(name, "GET", f"/user/{name}/api/contents/feedback/{SET}.txt")
         assert r.status_code == 200
         text = r.json()["content"]
-        assert text.startswith(f"Feedback on exercise set {SET}: {total[name]} / {out_of} points"), text
+        got, of = (total[name] + 1, out_of + 2) if name == ada else (total[name], out_of)
+        assert text.startswith(f"Feedback on exercise set {SET}: {got} / {of} points"), text
+        assert "LATE" in text and (("the mask argument is missing" in text) == (name == ada)), text
+    # One gradebook: the set's points, its late flag, the hand marks, the total.
+    _workshop(hub.root, "gradebook")
+    with open(hub.root / "state" / "gradebook.csv", newline="") as f:
+        book = {r["learner"]: r for r in csv.DictReader(f)}
+    assert sorted(book) == hub.names
+    assert book[ada][f"{SET} (/{out_of})"] == str(out_of) and book[bob][f"{SET} (/{out_of})"] == "2"
+    assert (book[ada]["total"], book[ada]["max_points"]) == (str(out_of + 1), str(out_of + 2))
+    assert (book[bob]["total"], book[bob]["max_points"]) == ("2", str(out_of))
+    assert book[ada][f"{SET} late"] == book[bob][f"{SET} late"] == "yes"
 
 
 def test_the_instructor_logs_in_to_the_admin_page_and_is_no_learner(hub):
     # An account outside the learners' group: the hub lets it in (not "User not allowed") as an admin.
     s = hub.login(hub.teacher)
     assert s.get(f"{hub.url}/hub/admin", timeout=60).status_code == 200
+    hub.wait_ready(hub.teacher)  # the login spawned their server (a JupyterLab of their own, as a learner's)
     r = hub.api(hub.teacher, "GET", "/hub/api/users")
     assert r.status_code == 200 and set(hub.names) <= {u["name"] for u in r.json()}, (r.status_code, r.text[:300])
     assert {u["name"]: u["admin"] for u in r.json()}[hub.teacher]
