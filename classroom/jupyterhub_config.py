@@ -4,8 +4,14 @@
 # group) and logs in with its own password through PAM.  The hub runs as root and starts each
 # learner's JupyterLab *as that learner* (LocalProcessSpawner), so the kernel's own file
 # permissions keep learners apart: homes are 0700, nothing of the course install is writable by
-# them, the hub's state folder is root's alone.  The hub's settings (address, ports, group) are
-# the ones `start` wrote to settings.json in the state folder named by CLASSROOM_STATE.
+# them, the hub's state folder is root's alone.  The hub's settings (address, ports, group,
+# instructors) are the ones `start` wrote to settings.json in the state folder named by
+# CLASSROOM_STATE.
+#
+# The proxy and the learners' servers outlive the hub: `workshop.py start` runs the proxy itself,
+# and the hub leaves servers running when it stops, so `workshop.py restart` (a new course
+# setting, a hub upgrade) goes unnoticed in the learners' tabs.  `workshop.py stop` stops every
+# server through the hub's API first, then the hub, then the proxy.
 import json
 import os
 from pathlib import Path
@@ -23,19 +29,26 @@ c.JupyterHub.bind_url = f"http://{settings['ip']}:{settings['port']}"
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = settings["hub_port"]
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings['proxy_api_port']}"
-c.ConfigurableHTTPProxy.command = [str(ROOT / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy")]
-c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
+c.ConfigurableHTTPProxy.should_start = False  # workshop.py runs it, so it outlives a hub restart
+c.ConfigurableHTTPProxy.auth_token = (STATE / "proxy_token").read_text().strip()
+
+# workshop.py's own access to the hub's API: list, stop and delete users and their servers.
+c.JupyterHub.services = [{"name": "workshop", "api_token": (STATE / "service_token").read_text().strip()}]
+c.JupyterHub.load_roles = [{"name": "workshop", "services": ["workshop"],
+                            "scopes": ["list:users", "read:users", "admin:users", "admin:servers"]}]
 
 # Secrets and the database live in the root-only state folder, never in the course.
 c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 
-# Who may log in: members of the learners' group, each with their own password.  (JupyterHub's
-# shared-password authenticator would let anyone with the class password log in as any
-# learner, which undoes the isolation below; it is not used.)
+# Who may log in: members of the learners' group, each with their own password, and the
+# instructors (accounts outside that group, so never collected or graded), who also get the hub's
+# admin page.  (JupyterHub's shared-password authenticator would let anyone with the class
+# password log in as any learner, which undoes the isolation below; it is not used.)
 c.JupyterHub.authenticator_class = "pam"
 c.PAMAuthenticator.allowed_groups = {settings["group"]}
-c.Authenticator.admin_users = set(settings.get("admins", []))
+c.Authenticator.allowed_users = set(settings.get("instructors", []))
+c.Authenticator.admin_users = set(settings.get("instructors", []))
 
 # Each learner's server: as the learner, through learner_start.py, which hands out their own
 # copy of the course (never overwriting their work) and then runs jupyterhub-singleuser from the
@@ -43,7 +56,9 @@ c.Authenticator.admin_users = set(settings.get("admins", []))
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [str(VENV / "bin" / "python"), "-I", str(COURSE / "classroom" / "learner_start.py")]
 c.Spawner.default_url = "/lab/tree/notebooks/00_start_here.ipynb"
-c.Spawner.args = ["--LabApp.news_url=None"]  # no "get notified about Jupyter news?" pop-up in class
+# No news fetched.  (The "get notified about Jupyter news?" pop-up is JupyterLab's setting
+# fetchNews, turned off in the venv's overrides.json by `install`: news_url alone does not stop it.)
+c.Spawner.args = ["--LabApp.news_url=None"]
 c.LocalProcessSpawner.env_keep = ["LANG", "LC_ALL"]  # not root's PATH, PYTHONPATH or VIRTUAL_ENV
 c.Spawner.environment = {
     "PATH": f"{VENV / 'bin'}:/usr/local/bin:/usr/bin:/bin",
@@ -53,6 +68,8 @@ c.Spawner.environment = {
 # A busy shared machine starts JupyterLab slowly; the defaults (60 s / 30 s) are too tight.
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
-# `workshop.py stop` stops the hub, and the hub then stops every learner's server and the proxy.
-c.JupyterHub.cleanup_servers = True
-c.JupyterHub.cleanup_proxy = True
+# A server whose learner comes back to a stopped one (after `workshop.py stop` and `start`) starts
+# again by itself after 3 s, instead of waiting on a "Launch Server" button.
+c.JupyterHub.implicit_spawn_seconds = 3
+# The hub leaves the learners' servers running when it stops (see the top: `stop` ends them).
+c.JupyterHub.cleanup_servers = False

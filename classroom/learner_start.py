@@ -7,11 +7,16 @@
    that is not yet in ``~/flash-course`` is copied there.  A file they already have is never
    touched, so a course update brings new chapters and sets but never overwrites work; to take
    the course's current version of a notebook, rename yours and restart your server.
-   New files are private (umask 077) and the home itself is 0700.
+   New files are private (umask 077) and the home itself is 0700.  A notebook's
+   ``language_info.version`` becomes this Python's: JupyterLab writes the kernel's language_info
+   into an open notebook and marks it modified if anything differs, and the kernel runs on this
+   interpreter (the course's venv), so a notebook authored on another Python would open as
+   modified ("unsaved changes") before the learner typed anything.
 3. JupyterLab: ``jupyterhub-singleuser`` of the course's virtual environment, in ``~/flash-course``.
 
 It runs with ``python -I`` (no PYTHONPATH, no user site) and only the standard library.
 """
+import json
 import os
 import resource
 import shutil
@@ -30,9 +35,32 @@ def limit_processes(n: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
 
 
+def kernel_python_version() -> str:
+    """The version the course's kernel reports in language_info (ipykernel's own expression)."""
+    return sys.version.split()[0]
+
+
+def copy_notebook(src: Path, dst: Path, version: str) -> None:
+    """Copy a file; a notebook gets ``language_info.version`` = ``version`` (as nbformat writes JSON)."""
+    if src.suffix != ".ipynb":
+        shutil.copyfile(src, dst)
+        return
+    text = src.read_text(encoding="utf-8")
+    try:
+        nb = json.loads(text)
+        info = nb["metadata"]["language_info"]
+    except (ValueError, KeyError, TypeError):  # not a notebook we can read: handed out as it is
+        info = None
+    if isinstance(info, dict) and info.get("version", version) != version:
+        info["version"] = version
+        text = json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+    dst.write_text(text, encoding="utf-8")
+
+
 def hand_out(course: Path, mine: Path) -> list:
     """Copy what ``mine`` lacks of the course's handed-out folders; return the new paths."""
     new = []
+    version = kernel_python_version()
     for part in HANDED_OUT:
         for top, dirs, files in os.walk(course / part):
             dirs[:] = sorted(d for d in dirs if d not in SKIP)
@@ -44,7 +72,7 @@ def hand_out(course: Path, mine: Path) -> list:
             target.mkdir(parents=True, exist_ok=True)
             for name in sorted(files):
                 if not os.path.lexists(target / name):
-                    shutil.copyfile(Path(top) / name, target / name)
+                    copy_notebook(Path(top) / name, target / name, version)
                     new.append(rel / name)
     return new
 

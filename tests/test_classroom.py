@@ -17,6 +17,7 @@ run skips the pip install of about a minute.
 from __future__ import annotations
 
 import csv
+import grp
 import hashlib
 import json
 import os
@@ -37,7 +38,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "classroom"))
-import workshop  # noqa: E402  (the instructor's commands; stdlib only)
+import coursework  # noqa: E402  (the instructor's commands; stdlib only)
+import machine  # noqa: E402
+import service  # noqa: E402
 
 SET = "01_naive_attention"
 CHROMIUM = "/usr/bin/chromium"
@@ -57,10 +60,10 @@ def _why_skip():
     if missing:
         return (f"{', '.join(missing)} not found (Debian: apt-get install passwd nodejs npm bubblewrap; "
                 ".ci/run does)")
-    why = workshop.runs_as_nobody([workshop.default_python(), "-c", "import venv, ensurepip"])
+    why = machine.runs_as_nobody([machine.default_python(), "-c", "import venv, ensurepip"])
     if why:
         return (f"no Python that unprivileged accounts can run for the learners' venv "
-                f"({workshop.default_python()}: {why}; Debian: apt-get install python3-venv)")
+                f"({machine.default_python()}: {why}; Debian: apt-get install python3-venv)")
     return None
 
 
@@ -107,13 +110,15 @@ def _workshop(root, *args, timeout=600):
 
 
 def _alive(pid: int) -> bool:
-    return bool(workshop._cmdline(pid))
+    return bool(machine.cmdline(pid))
 
 
 class Hub:
-    def __init__(self, root, url, passwords, group):
-        self.root, self.url, self.passwords, self.group = root, url, passwords, group
-        self.names = sorted(passwords)
+    def __init__(self, root, url, passwords, group, instructor):
+        self.root, self.url, self.group = root, url, group
+        self.names = sorted(passwords)  # the learners
+        self.teacher = next(iter(instructor))
+        self.passwords = {**passwords, **instructor}
         self.tokens = {}
 
     # -- a learner's side of the hub --------------------------------------------------------
@@ -162,7 +167,7 @@ class Hub:
             if not server.get("pending"):  # neither running nor starting: start it
                 self.api(name, "POST", f"/hub/api/users/{name}/server")
             time.sleep(1)
-        pytest.fail(f"{name}'s server was not ready within {SPAWN_S} s:\n{workshop._log_tail(workshop.Place(self.root))}")
+        pytest.fail(f"{name}'s server was not ready within {SPAWN_S} s:\n{service.log_tail(machine.Place(self.root))}")
 
     def session(self, name, path):
         """A notebook session of the learner's on ``path`` (its kernel's cwd is the notebook's folder); its kernel id."""
@@ -203,41 +208,57 @@ class Hub:
             ws.close()
 
 
+# An error line of the hub itself (not of a learner's server, which logs to the same file).
+HUB_ERROR = re.compile(r"^\[E \S+ \S+ JupyterHub .*$", re.M)
+
+# The version of Python chapter 00 says it was authored on, in the installed course: not the
+# learners' (their venv's), so the hand-out must rewrite it or JupyterLab marks the notebook modified.
+AUTHORED_ON = "3.0.1"
+
+
 @pytest.fixture(scope="module")
 def hub():
     tag = secrets.token_hex(3)
     group = f"fht{tag}"
     names = [f"fht{tag}-ada", f"fht{tag}-bob"]
+    teacher = f"fht{tag}-teach"
     root = _root()
     shutil.rmtree(root / "state", ignore_errors=True)
-    place = workshop.Place(root)
+    place = machine.Place(root)
     try:
         _workshop(root, "install", "--group", group, timeout=900)
+        start_here = root / "course" / "notebooks" / "00_start_here.ipynb"
+        nb = json.loads(start_here.read_text())
+        assert nb["metadata"]["language_info"]["version"] != AUTHORED_ON
+        nb["metadata"]["language_info"]["version"] = AUTHORED_ON
+        start_here.write_text(json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
         out = _workshop(root, "add-learners", *names)
         passwords = dict(re.findall(r"^(fht\S+)\t(\S+)$", out, re.M))
         assert sorted(passwords) == names, out
+        out = _workshop(root, "add-instructor", teacher)
+        instructor = dict(re.findall(r"^(fht\S+)\t(\S+)$", out, re.M))
+        assert list(instructor) == [teacher], out
         port = _free_port()
         _workshop(root, "start", "--ip", "127.0.0.1", "--port", str(port), "--hub-port", str(_free_port()),
-                  "--proxy-api-port", str(_free_port()))
-        yield Hub(root, f"http://127.0.0.1:{port}", passwords, group)
-    finally:  # whatever happened: no hub, no learner, no process left
-        pid = workshop.hub_pid(place)
-        if pid:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(300):
-                if not _alive(pid):
-                    break
-                time.sleep(0.2)
-        for name in names:
+                  "--proxy-api-port", str(_free_port()), "--accept-readable-solutions")
+        yield Hub(root, f"http://127.0.0.1:{port}", passwords, group, instructor)
+    finally:  # whatever happened: no hub, no proxy, no account, no process left
+        subprocess.run([sys.executable, str(REPO / "classroom" / "workshop.py"), "--root", str(root), "stop"],
+                       capture_output=True, timeout=300)
+        for pid in (service.hub_pid(place), service.proxy_pid(place)):
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+        for name in names + [teacher]:
             try:
                 uid = pwd.getpwnam(name).pw_uid
             except KeyError:
                 continue
-            for p in workshop._pids_of_uid(uid):
+            for p in machine.pids_of_uid(uid):
                 os.kill(p, signal.SIGKILL)
             subprocess.run(["userdel", "--remove", name], capture_output=True)
         subprocess.run(["groupdel", group], capture_output=True)
         shutil.rmtree(root / "state", ignore_errors=True)  # passwords, database, collected work
+        shutil.rmtree(root / "left-behind-clone", ignore_errors=True)
 
 
 def _solution_answers():
@@ -251,7 +272,7 @@ def _solution_answers():
 
 
 def _points():
-    return dict(workshop._exercises(SET))
+    return dict(coursework._exercises(SET))
 
 
 # What each learner solves: different answers, different scores.
@@ -312,6 +333,15 @@ def test_a_learner_logs_in_in_chromium_and_chapter_00_opens(hub):
             assert "00 · Start here" in heading.inner_text()
             # ... with the course's kernel (the venv's "python3", as `make lab` registers it).
             page.locator(".jp-Toolbar", has_text="Python 3 (FlashAttention course)").first.wait_for(state="visible")
+            # Once the kernel is up, JupyterLab has written its language_info into the notebook: the
+            # tab is still unmodified (the course says it was authored on another Python, AUTHORED_ON).
+            page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(state="attached")
+            time.sleep(3)  # long enough for the news question, which comes once the page is restored
+            page.screenshot(path=str(ARTIFACTS / "hub_chapter_00_idle.png"))
+            tab = page.locator(".lm-TabBar-tab", has_text="00_start_here.ipynb").first
+            assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "chapter 00 opened as modified"
+            # No "Would you like to get notified about official Jupyter news?" toast.
+            assert page.get_by_text("official Jupyter news").count() == 0
         finally:
             browser.close()
 
@@ -327,6 +357,13 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     stored = "".join("".join(o["text"]) for o in second["outputs"] if o["output_type"] == "stream")
     for name in hub.names:
         hub.wait_ready(name)
+        # JupyterLab's news question is answered "never" for them (news_url=None alone does not stop it).
+        # (The composite setting: the learner's own over the schema's default, which overrides.json sets.)
+        r = hub.api(name, "GET", f"/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification")
+        assert r.status_code == 200, (r.status_code, r.text[:300])
+        setting = r.json()
+        default = setting["schema"]["properties"]["fetchNews"]["default"]
+        assert (setting["settings"] or {}).get("fetchNews", default) == "false", setting["schema"]["properties"]
         # A session on the learner's own copy of chapter 01: its kernel runs in their notebooks/.
         kernels[name] = kernel = hub.session(name, "notebooks/01_naive_attention.ipynb")
         out, error = hub.run(name, kernel, "".join(first["source"]))
@@ -411,10 +448,11 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     kernels[ada] = hub.session(ada, "notebooks/01_naive_attention.ipynb")  # the restart ended her kernel
 
     # Collect and grade: one command, one CSV, each learner's points.
-    out = _workshop(hub.root, "grade", SET, "--jobs", "2", "--timeout", "120", "--processes", "256")
+    out = _workshop(hub.root, "grade", SET, "--jobs", "2", "--timeout", "120", "--processes", "256",
+                    "--deadline", "2020-01-01T00:00+00:00")  # long past: both notebooks changed after it
     with open(hub.root / "state" / "grades" / f"{SET}.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == workshop.GRADE_COLUMNS
+    assert list(rows[0]) == coursework.GRADE_COLUMNS
     for name in hub.names:
         mine = {r["exercise"]: r for r in rows if r["learner"] == name}
         assert sorted(mine) == sorted(points), (name, sorted(mine))
@@ -422,10 +460,23 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
             expect = "pass" if ex in SOLVES[who[name]] else "fail"
             assert (row["status"], int(row["points"])) == (expect, points[ex] if expect == "pass" else 0), (name, row)
             assert expect == "pass" or row["reason"], row  # a non-pass says why
+    assert {r["learner"] for r in rows} == set(hub.names)  # the instructor is not graded with the class
     total = {n: sum(points[ex] for ex in SOLVES[who[n]]) for n in hub.names}
     out_of = sum(points.values())
     assert total == {ada: out_of, bob: 2}  # so the two rows above really differ
     assert f"{ada}: {out_of} / {out_of}" in out and f"{bob}: 2 / {out_of}" in out, out
+    # Each submission's times, hash and lateness, beside the collected notebooks.
+    collected = hub.root / "state" / "collected" / SET
+    with open(collected / "submissions.csv", newline="") as f:
+        submitted = {r["learner"]: r for r in csv.DictReader(f)}
+    assert sorted(submitted) == hub.names
+    for name, row in submitted.items():
+        assert row["status"] == "collected" and row["late"] == "yes" and row["deadline"] == "2020-01-01T00:00:00Z"
+        assert row["sha256"] == hashlib.sha256((collected / f"{name}.ipynb").read_bytes()).hexdigest()
+        assert row["changed_at"] >= row["saved_at"] > "2026", row
+    # A hand mark of ada's written defence, as the instructor types it into the sheet.
+    (hub.root / "state" / "manual.csv").write_text("learner,exercise_set,exercise,points,max_points,comment\n"
+                                                   f"{ada},{SET},1.8 defence,1,2,the mask argument is missing\n")
 
     # Hostile folders: bob points his feedback file at the hub's passwords and his set 02 at ada's;
     # ada's set 03 is a FIFO (a reader that follows it as root would block or read another's file).
@@ -457,22 +508,121 @@ os.symlink({ada_home + '/flash-course/exercises/02_roofline.ipynb'!r}, '../exerc
         r = hub.api(name, "GET", f"/user/{name}/api/contents/feedback/{SET}.txt")
         assert r.status_code == 200
         text = r.json()["content"]
-        assert text.startswith(f"Feedback on exercise set {SET}: {total[name]} / {out_of} points"), text
+        got, of = (total[name] + 1, out_of + 2) if name == ada else (total[name], out_of)
+        assert text.startswith(f"Feedback on exercise set {SET}: {got} / {of} points"), text
+        assert "LATE" in text and (("the mask argument is missing" in text) == (name == ada)), text
+    # One gradebook: the set's points, its late flag, the hand marks, the total.
+    _workshop(hub.root, "gradebook")
+    with open(hub.root / "state" / "gradebook.csv", newline="") as f:
+        book = {r["learner"]: r for r in csv.DictReader(f)}
+    assert sorted(book) == hub.names
+    assert book[ada][f"{SET} (/{out_of})"] == str(out_of) and book[bob][f"{SET} (/{out_of})"] == "2"
+    assert (book[ada]["total"], book[ada]["max_points"]) == (str(out_of + 1), str(out_of + 2))
+    assert (book[bob]["total"], book[bob]["max_points"]) == ("2", str(out_of))
+    assert book[ada][f"{SET} late"] == book[bob][f"{SET} late"] == "yes"
+
+
+def test_the_instructor_logs_in_to_the_admin_page_and_is_no_learner(hub):
+    # An account outside the learners' group: the hub lets it in (not "User not allowed") as an admin.
+    s = hub.login(hub.teacher)
+    assert s.get(f"{hub.url}/hub/admin", timeout=60).status_code == 200
+    hub.wait_ready(hub.teacher)  # the login spawned their server (a JupyterLab of their own, as a learner's)
+    r = hub.api(hub.teacher, "GET", "/hub/api/users")
+    assert r.status_code == 200 and set(hub.names) <= {u["name"] for u in r.json()}, (r.status_code, r.text[:300])
+    assert {u["name"]: u["admin"] for u in r.json()}[hub.teacher]
+    # ... and a learner is not an admin, and cannot be made one (they would be graded as a learner).
+    assert hub.api(hub.names[0], "GET", "/hub/api/users").status_code == 403
+    done = subprocess.run([sys.executable, str(REPO / "classroom" / "workshop.py"), "--root", str(hub.root),
+                           "add-instructor", hub.names[0]], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and f"{hub.names[0]} is a learner" in done.stderr, done.stderr
+    # `add-learners` refuses the instructor's name, saying what it is.
+    done = subprocess.run([sys.executable, str(REPO / "classroom" / "workshop.py"), "--root", str(hub.root),
+                           "add-learners", hub.teacher], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "is an instructor" in done.stderr, done.stderr
+
+
+def test_a_hub_restart_keeps_every_server_kernel_and_open_tab(hub):
+    bob = hub.names[1]
+    place = machine.Place(hub.root)
+    proxy = service.proxy_pid(place)
+    hub.wait_ready(bob)
+    kernel = hub.session(bob, "notebooks/01_naive_attention.ipynb")
+    out, error = hub.run(bob, kernel, "unsaved = 6 * 7")
+    assert error is None, error
+    server = {p for p in machine.pids_of_uid(pwd.getpwnam(bob).pw_uid) if "jupyterhub-singleuser" in " ".join(machine.cmdline(p))}
+    log_before = (hub.root / "state" / "hub.log").stat().st_size
+    out = _workshop(hub.root, "restart")
+    assert "learners' servers kept running" in out, out
+    # The same proxy, the same server process, the same kernel with its state: nothing to relaunch.
+    assert service.proxy_pid(place) == proxy
+    assert server and server <= set(machine.pids_of_uid(pwd.getpwnam(bob).pw_uid))
+    out, error = hub.run(bob, kernel, "print(unsaved)")
+    assert error is None and out == "42\n", (out, error)
+    r = hub.api(bob, "GET", f"/hub/api/users/{bob}")
+    assert r.json()["servers"][""]["ready"], r.json()
+    # The hub's own log has no error (the learners' servers log there too: theirs said, while the hub
+    # was away, that they could not reach it, which is what a restart looks like from a server).
+    log = (hub.root / "state" / "hub.log").read_bytes()[log_before:].decode(errors="replace")
+    assert not HUB_ERROR.findall(log), log[-3000:]
 
 
 def test_stop_ends_the_hub_the_proxy_and_every_learners_process(hub):
-    place = workshop.Place(hub.root)
-    hub_pid = workshop.hub_pid(place)
+    for name in hub.names:
+        hub.wait_ready(name)  # running already, after the tests above
+    place = machine.Place(hub.root)
+    hub_pid = service.hub_pid(place)
     proxy_pid = int((hub.root / "state" / "proxy.pid").read_text())
     uids = [pwd.getpwnam(n).pw_uid for n in hub.names]
     assert hub_pid and _alive(hub_pid) and _alive(proxy_pid)
-    assert all(workshop._pids_of_uid(u) for u in uids)  # both learners have a server running now
+    assert all(machine.pids_of_uid(u) for u in uids)  # both learners have a server running now
     out = _workshop(hub.root, "stop")
     assert "still running" not in out, out  # the hub itself ended them; stop's fallback was not needed
     time.sleep(1)
     assert not _alive(hub_pid) and not _alive(proxy_pid)
-    left = {u: workshop._pids_of_uid(u) for u in uids}
+    left = {u: machine.pids_of_uid(u) for u in uids}
     assert not any(left.values()), left
     strays = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()
-              and str(hub.root) in " ".join(workshop._cmdline(int(p.name)))]
-    assert not strays, [workshop._cmdline(int(p)) for p in strays]
+              and str(hub.root) in " ".join(machine.cmdline(int(p.name)))]
+    assert not strays, [machine.cmdline(int(p)) for p in strays]
+
+
+def test_a_bare_start_keeps_its_options_and_refuses_readable_solutions(hub):
+    # A copy of the solutions that learners could read (a world-readable clone left on the machine).
+    clone = hub.root / "left-behind-clone"
+    (clone / "course_lib").mkdir(parents=True)
+    (clone / "solutions").mkdir()
+    shutil.copyfile(REPO / "solutions" / f"{SET}.ipynb", clone / "solutions" / f"{SET}.ipynb")
+    for path in (clone, clone / "course_lib", clone / "solutions"):
+        path.chmod(0o755)
+    (clone / "solutions" / f"{SET}.ipynb").chmod(0o644)
+    done = subprocess.run([sys.executable, str(REPO / "classroom" / "workshop.py"), "--root", str(hub.root), "start"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and f"{clone / 'solutions'}: the solutions" in done.stderr, (done.stdout, done.stderr)
+    assert service.hub_pid(machine.Place(hub.root)) is None
+    shutil.rmtree(clone)
+    # No options but the override: the last start's address, ports and instructors are used again.
+    out = _workshop(hub.root, "start", "--accept-readable-solutions")
+    assert f"the hub is up at {hub.url} " in out and f"instructors: {hub.teacher}" in out, out
+    hub.login(hub.teacher)
+
+
+def test_removed_learners_leave_no_user_in_the_hub_and_no_group(hub):
+    ada, bob = hub.names
+    place = machine.Place(hub.root)
+    assert service.hub_pid(place), "the test before started the hub"
+    _workshop(hub.root, "remove-learners", bob)  # the hub runs: through its API
+    r = hub.api(hub.teacher, "GET", "/hub/api/users")
+    assert r.status_code == 200 and bob not in {u["name"] for u in r.json()} and ada in {u["name"] for u in r.json()}
+    _workshop(hub.root, "stop")
+    out = _workshop(hub.root, "remove-learners", ada)  # the hub is stopped: from its database
+    assert f"group {hub.group} removed" in out, out
+    with pytest.raises(KeyError):
+        grp.getgrnam(hub.group)
+    log_before = (hub.root / "state" / "hub.log").stat().st_size
+    _workshop(hub.root, "start", "--accept-readable-solutions")
+    log = (hub.root / "state" / "hub.log").read_bytes()[log_before:].decode(errors="replace")
+    assert "Error adding user" not in log and not HUB_ERROR.findall(log), log[-3000:]
+    hub.tokens.clear()  # the teacher's token survives, but ask afresh: the users are read from the database
+    names = {u["name"] for u in hub.api(hub.teacher, "GET", "/hub/api/users").json()}
+    assert names == {hub.teacher}, names
+    _workshop(hub.root, "stop")

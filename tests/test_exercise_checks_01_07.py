@@ -20,7 +20,8 @@ SETUP = {"6": "s06-02"}  # the set's course cell with the imports; "setup" elsew
 BEFORE = {"3.7": ["ex3-1-answer", "ex3-2-answer", "ex3-4-answer"],  # the design uses the learner's own counts
           "1.4": ["ex1-1-answer", "ex1-2-answer", "ex1-3-answer"],  # gqa_attention builds on naive_attention
           "5.2": ["ex5-1-answer"], "5.4": ["ex5-3-answer"],        # 5.2 calls 5.1's query_tile, 5.4 5.3's fa1_step
-          "5.7": ["ex5-6-answer"], "4.6": ["ex4-5-answer"]}  # 4.6 merges with 4.5's merge_lse
+          "5.7": ["ex5-6-answer"], "4.6": ["ex4-5-answer"],
+          "2.6": ["ex2-5-answer"]}  # smallest_block_q calls 2.5's flash_intensity  # 4.6 merges with 4.5's merge_lse
 
 L4_TILE = "l4_tile = min(fitting, key=lambda t: (fa2_hbm_bytes(8192, 8192, 128, 2, t[0]), tile_shared_bytes(*t, 128, 2)))"
 SHARE = "predicted_share = 4 * 2048**2 / (4 * 2048 * 64 + 4 * 2048**2)"
@@ -36,6 +37,8 @@ WRONG = {
             ("score_sized_arrays = 3", "score_sized_arrays = 1")],
     "1.8": [("scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / math.sqrt(v.shape[-1])"),  # the bug itself
             ("+ (nk - nq)\n", "\n")],                                           # fixed, and broke the mask
+    "2.6": [("flash_intensity(seqlen, head_dim, itemsize, block_q) >= ridge",
+             "flash_intensity(seqlen, head_dim, itemsize, block_q) > ridge")],  # "reaches" read as "exceeds"
     "2.7": [(SHARE, "predicted_share = 0.5"),
             (SHARE, "predicted_share = 2 * 2048**2 / (4 * 2048 * 64 + 2 * 2048**2)"),  # S and P written, never read
             ("seqlen_for_half = 64", "seqlen_for_half = 128")],
