@@ -128,7 +128,7 @@ def _descales(dtype, batch, heads_k, descales):
     given = [name for name in DESCALES if descales[name] is not None]
     if not rules.is_fp8(dtype):
         if given:
-            raise TypeError(f"{', '.join(given)} apply to float8_e4m3fn inputs only; q, k and v are {dtype}: "
+            raise TypeError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to float8_e4m3fn inputs only; q, k and v are {dtype}: "
                             f"leave them out, or quantise the inputs (course_lib.lowp.quantize)")
         return None
     out = []
