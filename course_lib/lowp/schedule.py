@@ -1,7 +1,7 @@
 """FlashAttention-3's overlap as a schedule you can check: one thread block's main loop, simulated.
 
-Each key tile j costs four stages: LOAD (the producer's TMA copy of K_j, V_j
-into shared memory), GEMM0 (S = Q K_j^T on the tensor cores), SOFTMAX (the
+Each key tile j costs four stages: LOAD (the producer's TMA copies of K_j and
+V_j into shared memory, half the load time each), GEMM0 (S = Q K_j^T on the tensor cores), SOFTMAX (the
 online softmax on the warps' own ALUs and special-function units) and GEMM1
 (O += P V_j, tensor cores).  Resources: one copy engine ("tma"), one set of
 tensor cores ("tc", shared by the block's warpgroups), and each consumer
@@ -48,7 +48,7 @@ PUBLISHED_SOURCE = "Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608): abstr
 
 @dataclass(frozen=True)
 class Op:
-    name: str          # "load", "gemm0", "softmax", "gemm1"
+    name: str          # "load K", "load V", "gemm0", "softmax", "gemm1"
     wg: int            # consumer warpgroup (the producer's loads carry the warpgroup they feed)
     j: int             # key tile
     resource: str
@@ -95,7 +95,8 @@ def build(schedule, costs, n_tiles, stages=2):
 
     def add(name, wg, j, resource, deps):
         index[name, wg, j] = len(ops)
-        ops.append(Op(name, wg, j, resource, costs[name], tuple(d for d in deps if d is not None)))
+        duration = costs["load"] / 2 if name.startswith("load") else costs[name]  # K_j and V_j: half each
+        ops.append(Op(name, wg, j, resource, duration, tuple(d for d in deps if d is not None)))
 
     def at(name, wg, j):
         return index.get((name, wg, j))
@@ -104,23 +105,28 @@ def build(schedule, costs, n_tiles, stages=2):
     intra = schedule in ("intra", "pingpong_intra")
     for j in range(n_tiles):
         if schedule == "serial":         # the consumer loads its own tiles, then computes
-            add("load", 0, j, "alu0", [at("gemm1", 0, j - 1)])
-        else:                            # the producer runs ahead into `stages` buffers, one load for every group
-            add("load", 0, j, "tma", [at("load", 0, j - 1)] + [at("gemm1", wg, j - stages) for wg in groups])
+            add("load K", 0, j, "alu0", [at("gemm1", 0, j - 1)])
+            add("load V", 0, j, "alu0", [at("load K", 0, j)])
+        else:                            # the producer runs ahead into `stages` buffers of K and of V,
+            # one load for every group; K_j's buffer is free once GEMM0 read it, V_j's once GEMM1 did
+            add("load K", 0, j, "tma", [at("load V", 0, j - 1)] + [at("gemm0", wg, j - stages) for wg in groups])
+            add("load V", 0, j, "tma", [at("load K", 0, j)] + [at("gemm1", wg, j - stages) for wg in groups])
         for wg in groups:
             alu = f"alu{wg}"
             if intra:                    # GEMM0 of j, then GEMM1 of j-1 beside softmax of j
-                add("gemm0", wg, j, "tc", [at("load", 0, j), at("softmax", wg, j - 1)])
+                add("gemm0", wg, j, "tc", [at("load K", 0, j), at("softmax", wg, j - 1)])
                 if j > 0:
-                    add("gemm1", wg, j - 1, "tc", [at("softmax", wg, j - 1), at("gemm0", wg, j)])
+                    add("gemm1", wg, j - 1, "tc", [at("softmax", wg, j - 1), at("gemm0", wg, j), at("load V", 0, j - 1)])
                 add("softmax", wg, j, alu, [at("gemm0", wg, j), at("softmax", wg, j - 1)])
             else:
-                add("gemm0", wg, j, "tc", [at("load", 0, j), at("gemm1", wg, j - 1)])
+                add("gemm0", wg, j, "tc", [at("load K", 0, j), at("gemm1", wg, j - 1),
+                                           at("load V", 0, j) if schedule == "serial" else None])
                 add("softmax", wg, j, alu, [at("gemm0", wg, j)])
-                add("gemm1", wg, j, "tc", [at("softmax", wg, j)])
+                add("gemm1", wg, j, "tc", [at("softmax", wg, j), at("load V", 0, j)])
     if intra:
         for wg in groups:
-            add("gemm1", wg, n_tiles - 1, "tc", [at("softmax", wg, n_tiles - 1), at("gemm0", wg, n_tiles - 1)])
+            add("gemm1", wg, n_tiles - 1, "tc", [at("softmax", wg, n_tiles - 1), at("gemm0", wg, n_tiles - 1),
+                                                 at("load V", 0, n_tiles - 1)])
     return ops
 
 
