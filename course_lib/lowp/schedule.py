@@ -132,28 +132,32 @@ def build(schedule, costs, n_tiles, stages=2):
 
 def simulate(ops):
     """The spans: again and again, of the ops whose dependencies are done, start the one that can
-    start first (its dependencies done and its resource free; ties in issue order).
+    start first (its dependencies done and its resource free).
 
-    A warpgroup's own order is in the dependencies; between warpgroups the
-    tensor cores go to whichever is ready first, which is what FA3's barriers
-    between the two warpgroups arrange.
+    A warpgroup's own order is in the dependencies.  Between warpgroups the
+    tensor cores go to whichever is ready first, and on a tie to the one that
+    had them last, so that a warpgroup's GEMM1 and its next GEMM0 run back to
+    back while the other does its softmax: what FA3's barriers between the two
+    warpgroups arrange.  Remaining ties go in issue order.
     """
-    free = {}
+    free, last_group = {}, {}
     end = [None] * len(ops)
     spans = [None] * len(ops)
     waiting = list(range(len(ops)))
     while waiting:
-        best, best_start = None, None
+        best, best_key = None, None
         for i in waiting:
-            if any(end[d] is None for d in ops[i].deps):
+            op = ops[i]
+            if any(end[d] is None for d in op.deps):
                 continue
-            start = max([free.get(ops[i].resource, 0.0)] + [end[d] for d in ops[i].deps])
-            if best is None or start < best_start:
-                best, best_start = i, start
+            start = max([free.get(op.resource, 0.0)] + [end[d] for d in op.deps])
+            key = (start, op.wg != last_group.get(op.resource, op.wg), i)
+            if best is None or key < best_key:
+                best, best_key = i, key
         op = ops[best]
-        end[best] = best_start + op.duration
-        free[op.resource] = end[best]
-        spans[best] = Span(op, best_start, end[best])
+        end[best] = best_key[0] + op.duration
+        free[op.resource], last_group[op.resource] = end[best], op.wg
+        spans[best] = Span(op, best_key[0], end[best])
         waiting.remove(best)
     return spans
 
