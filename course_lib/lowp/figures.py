@@ -45,6 +45,10 @@ def draw_formats():
     return fig
 
 
+YLABELS = {"out_max": "max |out - exact|", "lse_max": "max |lse - exact|",
+           "out_rel_rms": "RMS(out - exact) / RMS(out)", "kl_mean": "mean KL of the rows (nats)"}
+
+
 def _series(records, sweep, recipe, field="out_max"):
     rows = sorted((r["x"], r[field]) for r in records if r["sweep"] == sweep and r["recipe"] == recipe)
     return [x for x, _ in rows], [y for _, y in rows]
@@ -66,9 +70,8 @@ def draw_error_study(records, field="out_max"):
             ax.loglog(x, y, "o-", color=colours[name], label=name)
         ax.set_xlabel(xlabel)
         ax.grid(True)
-        ax.legend(loc="best")
-    axes[0].set_ylabel({"out_max": "max |out - exact|", "lse_max": "max |lse - exact|",
-                        "kl_mean": "mean KL of the rows (nats)"}.get(field, field))
+        ax.legend(loc="lower right" if sweep == "outlier" else "best")
+    axes[0].set_ylabel(YLABELS.get(field, field))
     axes[0].set_title("longer rows")
     axes[1].set_title("sharper softmax")
     axes[2].set_title("outliers in K")
@@ -88,7 +91,7 @@ def draw_sources(records, field="out_max"):
         x, y = _series(records, "length", name, field)
         ax.loglog(x, y, ls, marker="o", color=colour, label=name)
     ax.set_xlabel("keys per row (Nk)")
-    ax.set_ylabel("max |out - exact|")
+    ax.set_ylabel(YLABELS.get(field, field))
     ax.set_title("where the error comes from: one source at a time")
     ax.grid(True)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
