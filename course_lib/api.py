@@ -29,18 +29,26 @@ def _impl(impl):
 
 def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_right",
               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None,
-              block_q=None, block_k=None, return_lse=False):
+              block_q=None, block_k=None, return_lse=False, q_descale=None, k_descale=None, v_descale=None):
     """Scaled dot-product attention with FlashAttention 2.1+ semantics.
 
     q: (batch, heads, seqlen_q, head_dim); k: (batch, heads_k, seqlen_k, head_dim);
     v: (batch, heads_k, seqlen_k, head_dim_v), heads % heads_k == 0.
     Returns out (batch, heads, seqlen_q, head_dim_v) in q's dtype, and with
     ``return_lse`` also lse (batch, heads, seqlen_q), natural log.
+
+    float8_e4m3fn inputs (FlashAttention-3's FP8 forward; impls reference,
+    naive, flash_numpy, flash_numba_cpu) need ``q_descale``, ``k_descale`` and
+    ``v_descale``, each (batch, heads_k): a value is its float8 value times its
+    descale.  S and the softmax are float32, P is rounded to e4m3 before P V,
+    and out is float32 (``core.rules.out_dtype``).
     """
     return call_forward(_impl(impl), q, k, v, causal=causal,
                         causal_align=causal_align, window_size=window_size, softcap=softcap,
                         alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-                        block_q=block_q, block_k=block_k, return_lse=return_lse)
+                        block_q=block_q, block_k=block_k, return_lse=return_lse,
+                        **{name: x for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
+                                                   ("v_descale", v_descale)) if x is not None})
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, impl="reference", causal=False,

@@ -20,7 +20,11 @@ in (q's), never the dtype an answer happens to return:
   correct kernels on FlashAttention's own test inputs (softcap 50 with q
   scaled by 50, ALiBi), where float32 itself is off by more than 1e-5; the
   baseline term grows with what float32 can do on those inputs and nothing
-  more, so planted mistakes still fail.
+  more, so planted mistakes still fail;
+- float8_e4m3fn inputs (with descales; the output is float32): out is held to
+  2 x the largest error of ``naive`` float8 (the same recipe: S in float32, P
+  rounded to e4m3 before P V) plus float32's rounding term, and lse, which
+  comes from float32 scores of the dequantised inputs, to float32's rule.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ TOLERANCE = {
     "float32": (1e-5, 1e-4),
     "float16": (2e-3, 2e-3),
     "bfloat16": (1.6e-2, 1.6e-2),
+    "float8_e4m3fn": (6.25e-2, 6.25e-2),  # half a spacing of e4m3's 4 significant bits
+    "float8_e5m2": (1.25e-1, 1.25e-1),
 }
 HEAT_CHARS = " .:*#"  # share of elements off in a heat-map cell: 0, <25%, <50%, <75%, more
 
@@ -253,7 +259,7 @@ def _grounded(q, k, v, expected, expected_lse, **options):
     baseline, baseline_lse = call_forward(naive.attention_forward, q, k, v, return_lse=True, **options)
     _, _, out_err = _errors(baseline, expected)
     _, _, lse_err = _errors(baseline_lse, expected_lse)
-    return (2 * _largest(out_err) + _rounding(expected, q.dtype),
+    return (2 * _largest(out_err) + _rounding(expected, rules.out_dtype(q.dtype)),
             2 * _largest(lse_err) + _rounding(expected_lse, np.dtype(rules.lse_dtype(q.dtype))))
 
 
@@ -263,6 +269,11 @@ def tolerances(q, k, v, expected, expected_lse, **options):
     name = q.dtype.name
     atol, rtol = tolerance(q.dtype)
     fixed = (None, atol, rtol, f"atol {atol:g}, rtol {rtol:g}")
+    if rules.is_fp8(q.dtype):
+        out_bound, lse_bound = _grounded(q, k, v, expected, expected_lse, **options)
+        f32_atol, f32_rtol = tolerance(np.float32)
+        return ((out_bound, 0.0, 0.0, f"2 x naive {name} error + rounding"),
+                (lse_bound, f32_atol, f32_rtol, f"atol {f32_atol:g}, rtol {f32_rtol:g} or 2 x naive error"))
     if rules.is_low_precision(q.dtype):  # lse is float32 there, from rounded scores: fixed bounds
         out_bound, _ = _grounded(q, k, v, expected, expected_lse, **options)
         return (out_bound, 0.0, 0.0, f"2 x naive {name} error + rounding"), fixed

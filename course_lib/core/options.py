@@ -21,7 +21,8 @@ from . import rules
 from .masks import ALIGNMENTS, MaskSpec
 
 FLOAT_DTYPES = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
-                np.dtype(np.float32), np.dtype(np.float64)}
+                np.dtype(np.float32), np.dtype(np.float64), np.dtype(ml_dtypes.float8_e4m3fn)}
+DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class AttentionOptions:
     alibi_slopes: np.ndarray | None = None  # float64 (B, H), or None
     block_q: int | None = None
     block_k: int | None = None
+    descale: tuple | None = None  # float8 inputs: (q, k, v) descales, float64 (B, Hk) each
 
     def mask(self, seqlen_q: int, seqlen_k: int) -> MaskSpec:
         return MaskSpec(seqlen_q, seqlen_k, self.causal, self.causal_align, self.window_size)
@@ -47,7 +49,7 @@ def _array(name, x):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {x.dtype}")
+        raise TypeError(f"{name} must be float16, bfloat16, float32, float64 or float8_e4m3fn, got dtype {x.dtype}")
     return x
 
 
@@ -118,6 +120,35 @@ def _options(*, batch, heads, head_dim, causal, causal_align, window_size, softc
         block_k=None if block_k is None else int(block_k))
 
 
+def _descales(dtype, batch, heads_k, descales):
+    """(q, k, v) descales as float64 (B, Hk) arrays for float8 inputs; None otherwise.
+
+    FlashAttention-3's contract: float8_e4m3fn inputs need all three, each of
+    shape (batch, heads_k), finite and > 0; other inputs take none."""
+    given = [name for name in DESCALES if descales[name] is not None]
+    if not rules.is_fp8(dtype):
+        if given:
+            raise TypeError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to float8_e4m3fn inputs only; q, k and v are {dtype}: "
+                            f"leave them out, or quantise the inputs (course_lib.lowp.quantize)")
+        return None
+    out = []
+    for name in DESCALES:
+        x = descales[name]
+        if x is None:
+            raise TypeError(f"float8_e4m3fn inputs need {name}, a float array of shape ({batch}, {heads_k}) "
+                            f"(batch, heads_k): the factor that turns the float8 values back into real ones")
+        if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+            raise TypeError(f"{name} must be a float numpy array of shape ({batch}, {heads_k}), got "
+                            f"{x.dtype if isinstance(x, np.ndarray) else type(x).__name__}")
+        if x.shape != (batch, heads_k):
+            raise ValueError(f"{name} must have shape (batch, heads_k) = ({batch}, {heads_k}), got {x.shape}")
+        x = x.astype(np.float64)
+        if not np.all(np.isfinite(x) & (x > 0)):
+            raise ValueError(f"{name} must be finite and > 0")
+        out.append(x)
+    return tuple(out)
+
+
 # -- running a forward ----------------------------------------------------------
 
 def _run(forward, q, k, v, opts):
@@ -126,7 +157,7 @@ def _run(forward, q, k, v, opts):
     seqlen_k, head_dim_v = k.shape[2], v.shape[3]
     if batch * heads * seqlen_q * head_dim_v == 0 or seqlen_k == 0:
         # Nothing to compute, or no key to see: every row is fully masked.
-        out = np.zeros((batch, heads, seqlen_q, head_dim_v), dtype=q.dtype)
+        out = np.zeros((batch, heads, seqlen_q, head_dim_v), dtype=rules.out_dtype(q.dtype))
         lse = np.full((batch, heads, seqlen_q), -np.inf, dtype=rules.lse_dtype(q.dtype))
         return out, lse
     return forward(q, k, v, opts, opts.mask(seqlen_q, seqlen_k))
@@ -146,7 +177,9 @@ def call_forward(forward, q, k, v, *, return_lse=False, **options):
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have one seqlen_k, got {k.shape[2]} and {v.shape[2]}")
     _check_heads(heads, k.shape[1], head_dim, k.shape[3], v.shape[1])
+    descales = {name: options.pop(name, None) for name in DESCALES}
     opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
+    opts = replace(opts, descale=_descales(q.dtype, batch, k.shape[1], descales))
     out, lse = _run(forward, q, k, v, opts)
     return (out, lse) if return_lse else out
 
@@ -164,7 +197,8 @@ def attention_options(*, batch, heads, head_dim, **options) -> AttentionOptions:
 def _defaults(options):
     unknown = set(options) - set(_OPTION_DEFAULTS)
     if unknown:
-        raise TypeError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTION_DEFAULTS)}")
+        raise TypeError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTION_DEFAULTS)}"
+                        f" (and {', '.join(DESCALES)} for float8 inputs to a dense call)")
     return {**_OPTION_DEFAULTS, **options}
 
 
@@ -186,6 +220,9 @@ def _cu_seqlens(name, cu, total):
 def call_forward_varlen(forward, q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse=False, **options):
     """``call_forward`` for packed sequences: one dense call per sequence."""
     _qkv(q, k, v, 3, "(total, heads, head_dim)")
+    if rules.is_fp8(q.dtype):
+        raise TypeError("attention_varlen takes no float8_e4m3fn inputs: call attention per sequence, "
+                        "with q_descale, k_descale and v_descale")
     total_q, heads, head_dim = q.shape
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v must have one packed length, got {k.shape[0]} and {v.shape[0]}")

@@ -24,6 +24,26 @@ def kv_head_index(heads: int, heads_k: int) -> np.ndarray:
     return np.arange(heads) // (heads // heads_k)
 
 
+def dequantize(x, descale, dtype):
+    """Float8 values x (B, Hx, N, D) times their descale (B, Hk), in ``dtype``: the real values.
+
+    x is q (Hx = H, each query head taking its K / V head's descale, as FA3's
+    (batch, heads_k) shape has it) or k / v (Hx = Hk).  ``descale`` None: x in ``dtype``.
+    """
+    x = x.astype(dtype)
+    if descale is None:
+        return x
+    per_head = descale[:, kv_head_index(x.shape[1], descale.shape[1])]  # (B, Hx)
+    return x * per_head[:, :, None, None].astype(dtype)
+
+
+def dequantized(q, k, v, opts, dtype):
+    """(q, k, v) in ``dtype``, times their descales when the call has them (float8 inputs)."""
+    if opts.descale is None:
+        return q, k, v
+    return tuple(dequantize(x, d, dtype) for x, d in zip((q, k, v), opts.descale))
+
+
 def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, acc_dtype, *, masked=True, round_dtype=None):
     """Scores of query ``rows`` against key ``cols``: (B, H, len(rows), len(cols)) in ``acc_dtype``.
 
@@ -89,12 +109,29 @@ def nan_lse_where_out_is_nan(out, lse):
 
 
 def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, round_dtype=None):
-    """O and lse for validated dense inputs, computed in ``compute_dtype``."""
-    s = attention_scores(q, k, opts, mask, compute_dtype, round_dtype)
+    """O and lse for validated dense inputs, computed in ``compute_dtype``.
+
+    ``round_dtype`` float16 / bfloat16 rounds S and the normalised P as a
+    framework stores them.  float8 (FA3's recipe) leaves S alone and rounds the
+    unnormalised P = exp(S - rowmax), whose largest entry is 1, before P V;
+    l sums the unrounded P.  Float8 inputs are dequantised first (their descales).
+    """
+    q, k, v = dequantized(q, k, v, opts, compute_dtype)
+    fp8 = rules.is_fp8(round_dtype)
+    s = attention_scores(q, k, opts, mask, compute_dtype, None if fp8 else round_dtype)
+    v = v[:, kv_head_index(q.shape[1], v.shape[1])].astype(compute_dtype)  # (B, H, Nk, Dv)
+    if fp8:
+        m = safe_max(np.max(s, axis=-1, keepdims=True))
+        p = np.exp(s - m)
+        l = np.sum(p, axis=-1, keepdims=True)
+        p8 = p.astype(round_dtype).astype(compute_dtype)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.matmul(p8, v) / np.where(l == 0, 1, l)
+            lse = (m + np.log(l))[..., 0]
+        return out, nan_lse_where_out_is_nan(out, lse)
     p, lse = masked_softmax(s)
     if round_dtype is not None:
         p = p.astype(round_dtype).astype(compute_dtype)
-    v = v[:, kv_head_index(q.shape[1], v.shape[1])].astype(compute_dtype)  # (B, H, Nk, Dv)
     out = np.matmul(p, v)
     return out, nan_lse_where_out_is_nan(out, lse)
 
@@ -102,4 +139,4 @@ def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, roun
 def attention_forward(q, k, v, opts, mask: MaskSpec):
     """impl ``reference``: float64 throughout, result cast to the input dtype."""
     out, lse = attention_math(q, k, v, opts, mask, np.float64)
-    return out.astype(q.dtype), lse.astype(rules.lse_dtype(q.dtype))
+    return out.astype(rules.out_dtype(q.dtype)), lse.astype(rules.lse_dtype(q.dtype))

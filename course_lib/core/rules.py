@@ -217,3 +217,49 @@ def round_to_bits(x, bits, min_exponent):
     if quantum < min_exponent:
         quantum = min_exponent
     return math.ldexp(float(round(math.ldexp(x, -quantum))), quantum)
+
+
+# -- float8 inputs (FlashAttention-3's interface) -----------------------------------------
+#
+# q, k and v may come in float8_e4m3fn with a descale factor per (batch, K / V head):
+# the real value of an element is its float8 value times its descale.  S and the
+# online softmax are float32; P = exp(S - m) is rounded to e4m3 before P V, as
+# FA3 feeds its FP8 matrix unit, and l sums the unrounded P; O is accumulated in
+# float32 and returned in float32 (``out_dtype``), lse in float32.  FA3 returns
+# bfloat16; float32 keeps the output's own rounding out of the error of fp8, and
+# a caller who wants FA3's output converts it.
+
+FP8_INPUT = "float8_e4m3fn"     # the one float8 format the kernels take as input
+E4M3_MAX = 448.0                # the largest finite e4m3fn value (it has no inf)
+
+
+def is_fp8(dtype) -> bool:
+    """float8_e4m3fn: inputs that come with descales (``dtype_name`` of None is not fp8)."""
+    return dtype is not None and dtype_name(dtype) == FP8_INPUT
+
+
+def out_dtype(dtype) -> np.dtype:
+    """The dtype attention returns for inputs of ``dtype``: float32 for float8 inputs, else the input dtype."""
+    return np.dtype(np.float32) if is_fp8(dtype) else np.dtype(dtype_name(dtype))
+
+
+def round_e4m3(x):
+    """x rounded to float8_e4m3fn, as ``ml_dtypes`` does, returned as a float.
+
+    Four significant bits, half to even, no quantum below 2**-9 (the
+    subnormals); the format has no inf, so whatever rounds above 448 (or is
+    inf or NaN) becomes NaN.  ``round_to_bits(x, 4, -9)`` is the same for the
+    values P takes (0..1), which is how the kernels round P.
+    """
+    if x == 0.0 or x != x:
+        return x
+    if x == math.inf or x == -math.inf:
+        return math.nan
+    mantissa, exponent = math.frexp(x)
+    quantum = exponent - 4
+    if quantum < -9:
+        quantum = -9
+    y = math.ldexp(float(round(math.ldexp(x, -quantum))), quantum)
+    if y > 448.0 or y < -448.0:
+        return math.nan
+    return y

@@ -26,6 +26,8 @@ arithmetic costs, not what the interpreter charges per numpy call.
 Precision follows ``rules``: inputs converted to float32 (float64 for float64
 input), S, m, l and Oi in that dtype, P rounded to float16 / bfloat16 before
 P V for those inputs, output rounded to the input dtype at the end.
+Float8 inputs are dequantised on the host (``launch.prepare``) and P is
+rounded to e4m3 by the same ``round_to_bits``; their output is float32.
 
 Compiled code is cached on disk (``cache=True``): the first call in a fresh
 checkout compiles for a while (chapter 08 measures how long), later processes
@@ -258,7 +260,7 @@ def flash_forward(q, k, v, opts, mask):
     # cannot see its key through 0 * NaN, and such a row must not report an lse
     # that looks healthy.
     lse = nan_lse_where_out_is_nan(out, lse)
-    return out.astype(q.dtype, copy=False), lse.astype(rules.lse_dtype(q.dtype), copy=False)
+    return out.astype(rules.out_dtype(q.dtype), copy=False), lse.astype(rules.lse_dtype(q.dtype), copy=False)
 
 
 attention_forward = flash_forward

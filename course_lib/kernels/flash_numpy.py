@@ -41,6 +41,9 @@ P V accumulate in ``rules.acc_dtype`` (float32, float64 for float64 input); at
 float16 / bfloat16 P is rounded to the input dtype before P V
 (``rules.p_round_dtype``), as a GPU kernel feeds its matrix unit; the output is
 rounded to the input dtype when it is stored, lse is ``rules.lse_dtype``.
+Float8 inputs (FA3's interface): tiles are loaded in float8 (one byte each)
+and dequantised with their descales on chip; P = exp(S - m) is rounded to
+e4m3; the output stays float32 (``rules.out_dtype``).
 Tiles are Br x Bc = ``block_q`` x ``block_k``, or ``launch.DEFAULT_TILES``'s.
 """
 from __future__ import annotations
@@ -55,7 +58,7 @@ from ..core import rules
 from ..core.masks import EMPTY, FULL, PARTIAL, MaskSpec, tile_ranges
 from ..core.online_softmax import finalize, finalize_lse, finalize_out, init_state, online_update
 from ..core.options import call_forward
-from ..core.reference import kv_head_index, nan_lse_where_out_is_nan, tile_scores
+from ..core.reference import dequantize, kv_head_index, nan_lse_where_out_is_nan, tile_scores
 from .launch import DEFAULT_TILES, tile_sizes
 
 LOOP_ORDERS = ("fa2", "fa1")
@@ -158,11 +161,15 @@ def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
     Dv = v.shape[3]
     acc_dtype, p_dtype = rules.acc_dtype(q.dtype), rules.p_round_dtype(q.dtype)
     P_LOW, O_LOW = buffer_names(q.dtype)
+    o_dtype = rules.out_dtype(q.dtype)
+    qd, kd, vd = opts.descale or (None, None, None)  # float8 inputs: tiles dequantised as they arrive
     kv = kv_head_index(H, k.shape[1])  # the K/V head each query head reads (GQA / MQA)
-    O = np.zeros((B, H, Nq, Dv), dtype=q.dtype)
+    O = np.zeros((B, H, Nq, Dv), dtype=o_dtype)
     L = np.full((B, H, Nq), -np.inf, dtype=rules.lse_dtype(q.dtype))
     for r0, r1 in tile_ranges(Nq, Br):                               # outer: the Tr query tiles
         Qi = mem.hold("Q tile", mem.load("Q", q, np.s_[:, :, r0:r1]))  # (B, H, Br, D)
+        if qd is not None:
+            Qi = dequantize(Qi, qd, acc_dtype)
         m, l, Oi = init_state((B, H, r1 - r0), Dv, acc_dtype)       # on chip for the whole inner loop
         mem.hold("m (row max)", m), mem.hold("l (row sum)", l), mem.hold("O accumulator", Oi)
         for c0, c1 in tile_ranges(mask.seqlen_k, Bc):                # inner: the Tc key/value tiles
@@ -172,6 +179,8 @@ def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
                 continue
             Kj = mem.hold("K tile", mem.load("K", k, np.s_[:, kv, c0:c1]))  # (B, H, Bc, D)
             Vj = mem.hold("V tile", mem.load("V", v, np.s_[:, kv, c0:c1]))  # (B, H, Bc, Dv)
+            if kd is not None:
+                Kj, Vj = dequantize(Kj, kd, acc_dtype), dequantize(Vj, vd, acc_dtype)
             Sij = _scores(mem, Qi, Kj, opts, mask, r0, r1, c0, c1, kind, acc_dtype)
             if p_dtype is not None:
                 mem.reserve(P_LOW, Sij.shape, p_dtype)              # P rounded for the P V matmul
@@ -179,8 +188,8 @@ def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
             _count_tile(stats, Qi, Kj, Vj, kind)
             mem.free("S / P tile", P_LOW)
         out, lse = finalize(m, l, Oi)                                # divide by l once, at the end
-        if p_dtype is not None:
-            out = mem.hold(O_LOW, out.astype(q.dtype))
+        if o_dtype != acc_dtype:
+            out = mem.hold(O_LOW, out.astype(o_dtype))
         mem.store("O", O, np.s_[:, :, r0:r1], out)                   # write Oi and lse_i once
         if return_lse:
             mem.store("lse", L, np.s_[:, :, r0:r1], lse)
@@ -260,6 +269,8 @@ def flash_forward(q, k, v, opts, mask: MaskSpec, loop_order="fa2", stats: TileSt
     """
     if loop_order not in LOOP_ORDERS:
         raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {loop_order!r}")
+    if loop_order != "fa2" and opts.descale is not None:
+        raise TypeError("float8_e4m3fn inputs run in FA2's loop order only (impl flash_numpy)")
     Br, Bc = tile_sizes(opts, *DEFAULT_TILES["flash_numpy"])
     stats = TileStats() if stats is None else stats
     mem = Memory(stats) if mem is None else mem

@@ -15,7 +15,8 @@ host, the same way for the CPU kernel (``flash_numba_cpu``) and the GPU one:
 - the precision: the inputs converted once to the accumulation dtype (exact
   for float16 / bfloat16, whose values float32 holds), and where P is rounded
   before P V (``rules.p_round_dtype``), as significant bits for
-  ``rules.round_to_bits``.
+  ``rules.round_to_bits``.  Float8 inputs are dequantised here, once, with
+  their descales (``reference.dequantize``); P is then rounded to e4m3.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import rules
-from ..core.reference import kv_head_index
+from ..core.reference import dequantize, kv_head_index
 
 # The tile (block_q, block_k) = (Br, Bc) each tiled impl runs when a call gives none.
 DEFAULT_TILES = {
@@ -86,5 +87,6 @@ def prepare(q, k, v, opts, mask, default_block_q: int, default_block_k: int):
         softcap=opts.softcap, alibi=opts.alibi_slopes is not None,
         slopes=np.ascontiguousarray(slopes, dtype=np.float64), acc_dtype=acc_dtype,
         round_bits=bits, round_min_exponent=min_exponent)
-    arrays = (np.ascontiguousarray(x, dtype=acc_dtype) for x in (q, k, v))
+    descales = opts.descale or (None, None, None)
+    arrays = (np.ascontiguousarray(dequantize(x, d, acc_dtype)) for x, d in zip((q, k, v), descales))
     return (launch, *arrays)

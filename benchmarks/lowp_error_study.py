@@ -1,0 +1,86 @@
+"""The precision experiment group of chapter 11: error of out and lse against float64.
+
+    .venv/bin/python benchmarks/lowp_error_study.py          # append one run to the records
+
+Change the precision, keep the tile (Bc = 128): every recipe of
+``course_lib.lowp.study`` (fp8 as FA3 runs it, fp16, bf16, and each source
+alone: inputs, P rounding, a float16 accumulator) on the same inputs, swept
+over the row length (1K to 64K keys), the logit scale (q multiplied by it: a
+temperature sweep that sharpens the softmax) and outliers in K (one channel
+multiplied), the latter also with per-tensor scales and with incoherent
+processing (a random Hadamard on Q and K before quantising).  Each point
+holds the max abs error of out and of lse, out's relative RMS error and the
+mean KL divergence of the attention rows.  Appends one JSON line per point to
+``notebooks/records/lowp_error.jsonl``; chapter 11 plots them.  Errors, not
+times: the numbers do not depend on the machine (seeded inputs, float64).
+"""
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from course_lib import bench
+from course_lib.lowp import formats, study
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "notebooks" / "records" / "lowp_error.jsonl"
+KL_MAX_KEYS = 16384  # the KL divergence materialises the rows (Nq x Nk); longer rows are left out
+
+
+def point(q, k, v, recipes, *, kl=True):
+    """name -> errors (and KL) of each recipe on these inputs."""
+    result = study.measure(q, k, v, recipes)
+    if kl and k.shape[2] <= KL_MAX_KEYS:
+        exact = study.weights(q, k)
+        for name, recipe in recipes.items():
+            result[name]["kl_mean"] = float(study.row_kl(exact, study.weights(q, k, recipe)).mean())
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
+    parser.add_argument("--outliers", type=float, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--seqlen-q", type=int, default=64)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RECORDS)
+    args = parser.parse_args(argv)
+    run, env = bench.new_run(), bench.environment()
+    recipes = {**study.RECIPES, **study.SOURCES}
+    shape = dict(seqlen_q=args.seqlen_q, head_dim=args.head_dim, heads=args.heads)
+    lines = []
+
+    def keep(sweep, x, result, used, **extra):
+        for name, errs in result.items():
+            lines.append({"benchmark": "lowp_error", "run": run, "sweep": sweep, "x": x, "recipe": name,
+                          "label": used[name].label, "granularity": used[name].granularity, **shape, **extra, **errs,
+                          "environment": env})
+        print(f"{sweep:>8} {x:>8g} " + "  ".join(f"{n}: {e['out_max']:.2e}" for n, e in result.items()
+                                                  if n in study.RECIPES))
+
+    for n in args.lengths:
+        q, k, v = study.study_inputs(np.random.default_rng(n), seqlen_k=n, **shape)
+        keep("length", n, point(q, k, v, recipes), recipes, seqlen_k=n)
+    for t in args.scales:
+        q, k, v = study.study_inputs(np.random.default_rng(11), seqlen_k=4096, logit_scale=t, **shape)
+        keep("scale", t, point(q, k, v, recipes), recipes, seqlen_k=4096)
+    for f in args.outliers:
+        q, k, v = study.study_inputs(np.random.default_rng(12), seqlen_k=4096, outlier=f, **shape)
+        fp8 = {"fp8": study.RECIPES["fp8"], "fp16": study.RECIPES["fp16"],
+               "fp8 per-tensor": study.Recipe("float8_e4m3fn", "float8_e4m3fn", granularity="tensor")}
+        keep("outlier", f, point(q, k, v, fp8), fp8, seqlen_k=4096)
+        qi, ki = formats.incoherent(q, k, np.random.default_rng(13))
+        incoherent = {"fp8 incoherent": study.RECIPES["fp8"]}
+        keep("outlier", f, point(qi, ki, v, incoherent), incoherent, seqlen_k=4096)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("a", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, sort_keys=True) + "\n")
+    print(f"{len(lines)} records appended to {args.out} (run {run})")
+
+
+if __name__ == "__main__":
+    main()

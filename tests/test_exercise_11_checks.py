@@ -1,0 +1,81 @@
+"""Exercise set 11's checks fail on plausible wrong answers (and pass the solutions).
+
+Each case takes the solution notebook, swaps one answer for a mistake a learner
+would make (an edit of the solution's own source), and runs the setup, the
+cells the exercise builds on, the answer and its check in one namespace: the
+check must raise CheckFailed."""
+import functools
+from pathlib import Path
+
+import pytest
+
+import notebook_factory as nf
+
+from course_lib import checks
+
+SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "11_low_precision.ipynb"
+BEFORE = {"11.6": ["s11-22"], "11.8": ["s11-04", "s11-18", "s11-29"]}  # the course cells and earlier answers used
+
+
+@functools.lru_cache(maxsize=1)
+def solution():
+    return nf.SolutionCells.read(SOLUTION)
+
+
+def run(exercise, edit=None):
+    namespace = {}
+    exec(solution().by_id["setup-answers"], namespace)
+    exec(solution().by_id["s11-02"], namespace)
+    solution().run(namespace, exercise, edit, BEFORE.get(exercise, ()))
+
+
+WRONG = {
+    "11.1": [("amax = per_head.reshape(B, heads_k, Hx // heads_k).max(axis=2)", "amax = per_head[:, :heads_k]"),
+             ("amax = per_head.reshape(B, heads_k, Hx // heads_k).max(axis=2)",
+              "amax = per_head.reshape(B, Hx // heads_k, heads_k).max(axis=1)"),       # groups taken as h % heads_k
+             ("per_head = np.abs(x).max(axis=(2, 3))", "per_head = x.max(axis=(2, 3))"),  # no abs
+             ("amax / 448.0", "amax / 240.0"),                                          # e4m3fnuz's max
+             ("np.where(amax > 0, amax / 448.0, 1.0)", "(amax / 448.0)")],              # a zero descale
+    "11.2": [("np.round(np.ldexp(x, -quantum))", "np.floor(np.ldexp(x, -quantum) + 0.5)"),  # ties away from zero
+             ("np.maximum(exponent - bits, min_exponent)", "exponent - bits"),           # no subnormals
+             ('np.nan if overflow == "nan" else np.copysign(np.inf, x)', "np.copysign(max_value, x)"),  # saturates
+             ("exponent - bits,", "exponent - bits + 1,")],                              # one bit short
+    "11.3": [("kv = np.arange(H) // (H // k8.shape[1])", "kv = np.arange(H) % k8.shape[1]"),
+             ("d = (q_descale * k_descale)[:, kv] * softmax_scale", "d = q_descale[:, kv] * softmax_scale"),
+             ("d = (q_descale * k_descale)[:, kv] * softmax_scale", "d = (q_descale * k_descale)[:, kv]")],
+    "11.4": [("return 2.0 ** (1 - bits) * math.sqrt(mean_inverse_square / 12)",
+              "return 2.0 ** (1 - bits) * math.sqrt(mean_inverse_square / 12) * math.sqrt(n_keys / 256)"),  # grows
+             ("return 2.0 ** (1 - bits) * math.sqrt(mean_inverse_square / 12)",
+              "return 2.0 ** (1 - bits) * math.sqrt(mean_inverse_square / 12) / math.sqrt(n_keys / 256)"),  # averages out
+             ("return 2.0 ** (1 - bits) * math.sqrt(mean_inverse_square / 12)", "return 2.0 ** (-bits)"),  # half a spacing
+             ("return 2.0 ** (1 - bits) * math.sqrt(mean_inverse_square / 12)", "return 2.0 ** (1 - bits)")],
+    "11.5": [("s = scale * q @ np.swapaxes(k[:, :, c0:c0 + block_k], -1, -2)   # S stays float32",
+              "s = scale * q @ np.swapaxes(k[:, :, c0:c0 + block_k], -1, -2)\n        s = s.astype(E4M3).astype(np.float32)"),
+             ("(v8, v_descale)", "(v8, np.ones_like(v_descale))"),                     # v's descale forgotten
+             ("O = alpha * O + p8", "O = O + p8")],                                     # no rescale
+    "11.6": [("query_tiles = -(-nq // block_q)", "query_tiles = nq // block_q"),        # the short tile dropped
+             ('"in_loop": nq * nk * d', '"in_loop": nq * nk'),
+             ('"tile": query_tiles * nk * d', '"tile": nk * d')],
+    "11.7": [('"pingpong": max(L / 2, G0 + G1, (G0 + S + G1) / 2)', '"pingpong": G0 + G1'),  # always fully busy
+             ('"pingpong": max(L / 2, G0 + G1, (G0 + S + G1) / 2)', '"pingpong": max(G0 + G1, (G0 + S + G1) / 2)'),
+             ('"intra": max(L, G0 + max(G1, S))', '"intra": G0 + G1 + S'),
+             ('"serial": L + G0 + S + G1', '"serial": G0 + S + G1')],
+    "11.8": [('return ("fp8" if predicted <= budget else "fp16"), predicted', 'return "fp8", predicted'),
+             ("predicted = 1.5 * float(np.abs(out - exact).max())", "predicted = 0.02"),   # a guess, not a measurement
+             ("predicted = 1.5 * float(np.abs(out - exact).max())",
+              "predicted = 1.5 * float(np.abs(out - exact).mean())")],                   # the mean, not the max
+}
+CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
+
+
+@pytest.mark.parametrize("exercise", sorted(WRONG))
+def test_the_solution_passes_its_check(exercise):
+    run(exercise)
+
+
+@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
+                                                       for i in range(len(edits))])
+def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
+    with pytest.raises(checks.CheckFailed):
+        run(exercise, edit)
+    assert "FAIL" in capsys.readouterr().out
