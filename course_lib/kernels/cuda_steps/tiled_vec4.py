@@ -7,6 +7,11 @@ shuffles, P has its own buffer, the mask is applied only on the tiles that need
 one, and the grid runs from the last query tile to the first (under a causal
 mask the longest rows start first).  K / V are still loaded and stored element
 by element.
+
+Steps ``tiled_rebuilt`` and ``tiled_aligned`` are this kernel too, on
+``tiled_prefetch``'s 64 x 32 tiles of 128 threads; ``tiled_rebuilt`` declares
+the buffer with a float's alignment (``align`` 0), so that the compiler cannot
+merge four loads into one and every shared load stays 4 bytes.
 """
 from __future__ import annotations
 
@@ -59,6 +64,7 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
     NEG_INF = float32(-math.inf)
     LN2 = float32(rules.LN2)
     ALL = 0xFFFFFFFF
+    ALIGN = tiling.align
 
     caps = {} if SIMULATOR or not tiling.max_regs else {"max_registers": tiling.max_regs}
 
@@ -76,10 +82,10 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
         tx = t % TX
         ty = t // TX
         row0 = tr * Br
-        if SIMULATOR:                 # the simulator takes no alignment (and needs none)
+        if SIMULATOR or not ALIGN:    # the simulator takes no alignment (and needs none); no ALIGN: 4-byte loads
             sm = cuda.shared.array(0, float32)
         else:
-            sm = cuda.shared.array(0, float32, alignment=16)
+            sm = cuda.shared.array(0, float32, alignment=ALIGN)
         slope = float32(slopes[b, h])
 
         n_all = nvisit[tr]

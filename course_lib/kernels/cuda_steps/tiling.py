@@ -28,6 +28,11 @@ class Tiling:
     The kernel: ``vec`` False, ``prefetch`` False: ``tiled``; ``prefetch`` True:
     ``tiled_prefetch``; ``vec`` True: ``tiled_vec4``, and with ``prefetch``
     ``tiled_staged`` (a whole K / V tile through registers, one tile ahead).
+    ``tiled_vec4``'s kernel is reached in three steps, one change each:
+    ``tiled_rebuilt`` (its code at ``tiled_prefetch``'s tile sizes, the buffer
+    declared with a float's alignment, so every shared load is 4 bytes),
+    ``tiled_aligned`` (``align`` 16: the 16-byte loads), ``tiled_vec4`` (the
+    larger tiles).
     """
 
     Br: int = 64             # query rows per block
@@ -39,6 +44,7 @@ class Tiling:
     max_regs: int = 0        # a cap on registers per thread for the compiler (0: its own choice)
     unsigned: bool = True    # shared / global indices cast to uint64 (False: numba's wraparound code)
     vec: bool = False        # 16-byte shared loads, shuffles, heaviest tiles first (tiled_vec4, tiled_staged)
+    align: int = 16          # bytes the vec kernels' shared buffer is declared aligned to (0: a float's 4)
 
     @property
     def ty(self):
@@ -107,6 +113,8 @@ STEP_TILING = {
     "tiled_unsigned": Tiling(pad=0, prefetch=False),
     "tiled_padded": Tiling(pad=1, prefetch=False),
     "tiled_prefetch": Tiling(pad=1, prefetch=True),
+    "tiled_rebuilt": Tiling(pad=4, prefetch=False, vec=True, align=0),
+    "tiled_aligned": Tiling(pad=4, prefetch=False, vec=True),
     "tiled_vec4": Tiling(Br=128, Bc=64, threads=256, tx=16, pad=4, prefetch=False, vec=True),
     "tiled_staged": Tiling(Br=128, Bc=64, threads=256, tx=16, pad=4, prefetch=True, vec=True),
 }
