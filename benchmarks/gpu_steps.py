@@ -476,7 +476,8 @@ def part_sanitize(args):
         with contextlib.redirect_stdout(buf):
             checks.check_attention(*a, **kw)
         verdicts.append(buf.getvalue().strip().splitlines()[-1])
-    steps = ("tiled", "tiled_padded", "tiled_prefetch", "tiled_vec4", "tiled_staged", "tuned")
+    steps = ("tiled", "tiled_padded", "tiled_prefetch", "tiled_rebuilt", "tiled_shuffle", "tiled_reorder",
+             "tiled_aligned", "tiled_vec4", "tiled_staged", "tuned")
     for step in steps:
         o, lse = cs.attention(q, k, v, step=step, causal=True, return_lse=True)
         check(o, q, k, v, lse=lse, causal=True)

@@ -136,6 +136,22 @@ def test_vec_layout_keeps_rows_16_byte_aligned_conflict_free():
         cs.Tiling(Br=64, Bc=48, threads=96, tx=12, vec=True).check(64, 64)
 
 
+def test_the_steps_to_tiled_vec4_change_one_thing_each():
+    fields = ("Br", "Bc", "threads", "tx", "pad", "prefetch", "max_regs", "unsigned", "vec", "align", "shuffle",
+              "last_first")
+    chain = cs.STEPS[cs.STEPS.index("tiled_rebuilt"):cs.STEPS.index("tiled_vec4") + 1]
+    changed = [{f for f in fields if getattr(cs.STEP_TILING[a], f) != getattr(cs.STEP_TILING[b], f)}
+               for a, b in zip(chain, chain[1:])]
+    assert changed == [{"shuffle"}, {"last_first"}, {"align"}, {"Br", "Bc", "threads", "tx"}]
+    first = cs.STEP_TILING["tiled_rebuilt"]      # tiled_prefetch's tile sizes, every switch off
+    prefetch = cs.STEP_TILING["tiled_prefetch"]
+    assert (first.Br, first.Bc, first.threads, first.tx) == (prefetch.Br, prefetch.Bc, prefetch.threads, prefetch.tx)
+    assert (first.align, first.shuffle, first.last_first, first.prefetch) == (0, False, False, False)
+    for off in ({"align": 0}, {"shuffle": False}, {"last_first": False}):   # tiled_staged's kernel has no switches
+        with pytest.raises(ValueError, match="no align, shuffle or last_first"):
+            replace(cs.STEP_TILING["tiled_staged"], **off).check(64, 64)
+
+
 def test_decode_splits_asks_for_two_full_waves_of_blocks():
     tiling = cs.DECODE_TILING
     per_sm = cs.occupancy(40, tiling.shared_bytes(128, 128), tiling.threads)["blocks_per_sm"]

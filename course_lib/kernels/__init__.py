@@ -21,7 +21,11 @@ impl                     what it changes                                        
 ``cuda_tiled_unsigned``  unsigned shared indices: no wraparound test and add per access         7.5 / 7.0
 ``cuda_tiled_padded``    shared rows padded by one float: no TX-way bank conflict             11.2 / 10.8
 ``cuda_tiled_prefetch``  the next K / V tile loaded into registers during this one            13.6 / 10.5
-``cuda_tiled_vec4``      16-byte shared loads, warp shuffles, masks only where needed         25.6 / 13.9
+``cuda_tiled_rebuilt``   ``tiled_vec4``'s kernel, switches off: no prefetch, 4-byte loads
+``cuda_tiled_shuffle``   row max and row sum by warp shuffles: one barrier a tile fewer
+``cuda_tiled_reorder``   grid: heads fastest, the last query tiles (longest rows) first
+``cuda_tiled_aligned``   the shared buffer 16-byte aligned: one ``ld.shared.v4``, 4 floats
+``cuda_tiled_vec4``      128 x 64 tiles over 256 threads (``tiled_aligned``: 64 x 32, 128)    25.6 / 13.9
 ``cuda_tiled_staged``    every K / V load of a tile in flight at once, a tile ahead           30.4 / 33.6
 ``cuda_tuned``           ``cuda_tiled_staged`` with tile sizes and threads autotuned per D    30.6 / 33.6
 =======================  ===================================================================  ===========
@@ -85,7 +89,11 @@ IMPLS = {
     "cuda_tiled_unsigned": _step("tiled_unsigned", "unsigned shared indices: no wraparound code per access"),
     "cuda_tiled_padded": _step("tiled_padded", "shared rows padded by one float: no bank conflicts"),
     "cuda_tiled_prefetch": _step("tiled_prefetch", "the next K / V tile loaded into registers during this one"),
-    "cuda_tiled_vec4": _step("tiled_vec4", "16-byte shared loads, warp shuffles, masks only where needed"),
+    "cuda_tiled_rebuilt": _step("tiled_rebuilt", "tiled_vec4's kernel, switches off: no prefetch, 4-byte loads"),
+    "cuda_tiled_shuffle": _step("tiled_shuffle", "row max and row sum by warp shuffles: one barrier a tile fewer"),
+    "cuda_tiled_reorder": _step("tiled_reorder", "grid: heads fastest, the last query tiles first"),
+    "cuda_tiled_aligned": _step("tiled_aligned", "the shared buffer 16-byte aligned: 16-byte shared loads"),
+    "cuda_tiled_vec4": _step("tiled_vec4", "128 x 64 tiles over 256 threads (tiled_aligned: 64 x 32 over 128)"),
     "cuda_tiled_staged": _step("tiled_staged", "every K / V load of a tile in flight at once, a tile ahead"),
     "cuda_tuned": _step("tuned", "tiled_staged with tile sizes and threads autotuned per head dim"),
 }

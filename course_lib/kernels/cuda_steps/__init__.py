@@ -11,7 +11,8 @@ registry's, ``course_lib.kernels``):
     row, row_exp2     chapter 09's kernel (``flash_numba_cuda.make_kernel``), in base e / base 2
     tiled.py          tiled, tiled_unsigned, tiled_padded: register micro-tiles
     tiled_prefetch.py the same with the next K / V tile loaded a tile ahead
-    tiled_vec4.py     the micro-tiles rebuilt around 16-byte shared loads
+    tiled_vec4.py     the micro-tiles rebuilt around 16-byte shared loads, one switch a step:
+                      tiled_rebuilt, tiled_shuffle, tiled_reorder, tiled_aligned, tiled_vec4
     tiled_staged.py   the same with a whole K / V tile in flight at once (and ``tuned``)
     merge.py          split-KV's merge of the partial (out, lse)
 

@@ -1,9 +1,9 @@
 """The host side of every step: plan a launch, run it, check the inputs it takes.
 
 ``plan`` decides one launch of a step on the host: the kernel (from the step's
-Tiling: ``tiled``, ``tiled_prefetch``, ``tiled_vec4`` or ``tiled_staged``'s
-factory, or chapter 09's for ``row`` / ``row_exp2``), the grid, the dynamic
-shared memory and the arguments.  Causal (and window) tile skipping is the
+Tiling: ``tiled``, ``tiled_prefetch``, ``tiled_vec4`` (also the steps between
+them) or ``tiled_staged``'s factory, or chapter 09's for ``row`` /
+``row_exp2``), the grid, the dynamic shared memory and the arguments.  Causal (and window) tile skipping is the
 host's, as in chapters 08 and 09: ``launch.prepare`` classifies the tiles, and
 each query tile gets the list of the key tiles it visits (``visit_lists``), so
 a skipped tile costs nothing, not even a branch.  Split-KV (``splits > 1``)
@@ -40,8 +40,8 @@ from .tiled_staged import make_staged_kernel
 from .tiled_vec4 import make_vec4_kernel
 from .tiling import SIM_TILING, STATIC_SHARED, STEP_TILING, TUNED, Tiling
 
-STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tiled_vec4",
-         "tiled_staged", "tuned")
+STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tiled_rebuilt",
+         "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4", "tiled_staged", "tuned")
 SPLIT_KV_STEPS = STEPS[2:]   # the micro-tiled steps: they take ``splits`` (row / row_exp2 are chapter 09's)
 # The micro-tiled kernel a Tiling runs: (vec, prefetch) -> its factory.
 FACTORY = {(False, False): make_tiled_kernel, (False, True): make_prefetch_kernel,
@@ -72,10 +72,11 @@ class Plan:
 
 def tiling_for(step, D):
     """The Tiling a step runs with: its own, ``TUNED[D]`` for ``tuned``, and in the simulator
-    the step's switches (pad, prefetch, unsigned) on the small SIM_TILING."""
+    the step's switches (pad, prefetch, unsigned, vec, align, shuffle, last_first) on the small SIM_TILING."""
     if not on_gpu():
         own = STEP_TILING.get("tiled_staged" if step == "tuned" else step, Tiling())
-        return replace(SIM_TILING, pad=own.pad, prefetch=own.prefetch, unsigned=own.unsigned, vec=own.vec)
+        return replace(SIM_TILING, pad=own.pad, prefetch=own.prefetch, unsigned=own.unsigned, vec=own.vec,
+                       align=own.align, shuffle=own.shuffle, last_first=own.last_first)
     if step == "tuned":
         return TUNED.get(D, STEP_TILING["tiled_staged"])
     return STEP_TILING[step]
@@ -116,7 +117,7 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
             launch.offset, launch.left, launch.right)
     splits = max(1, min(int(splits), int(nvisit.max()) if nvisit.size else 1))
     Tr = launch.tiles.shape[0]
-    grid = (B * H, Tr, splits) if tiling.vec else (Tr, B * H, splits)
+    grid = (B * H, Tr, splits) if tiling.vec and tiling.last_first else (Tr, B * H, splits)
     return Plan(step, kernel, grid, tiling.threads,
                 tiling.shared_bytes(D, Dv), args, splits, (B, H, Nq, Dv), launch, tiling)
 

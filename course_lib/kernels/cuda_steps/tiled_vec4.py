@@ -7,6 +7,15 @@ shuffles, P has its own buffer, the mask is applied only on the tiles that need
 one, and the grid runs from the last query tile to the first (under a causal
 mask the longest rows start first).  K / V are still loaded and stored element
 by element.
+
+The steps from ``tiled_prefetch`` to here are this kernel, one switch of its
+Tiling at a time, on ``tiled_prefetch``'s 64 x 32 tiles of 128 threads:
+``tiled_rebuilt`` has them all off (row max and sum through shared memory as
+in ``tiled``, ``tiled``'s grid order, the buffer with a float's alignment, so
+that the compiler cannot merge four loads into one and every shared load stays
+4 bytes); ``tiled_shuffle`` turns on the shuffles (``shuffle``),
+``tiled_reorder`` the grid order (``last_first``), ``tiled_aligned`` the
+16-byte loads (``align`` 16); ``tiled_vec4`` then takes 128 x 64 tiles of 256.
 """
 from __future__ import annotations
 
@@ -59,27 +68,36 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
     NEG_INF = float32(-math.inf)
     LN2 = float32(rules.LN2)
     ALL = 0xFFFFFFFF
+    ALIGN = tiling.align
+    SHARED_REDUCE = SIMULATOR or not tiling.shuffle   # numba's simulator has no warp shuffles
+    LAST_FIRST = tiling.last_first
 
     caps = {} if SIMULATOR or not tiling.max_regs else {"max_registers": tiling.max_regs}
 
     @cuda.jit(fastmath=True, **caps)
     def vec4_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
                             offset, left, right, out, lse):
-        """q (B, H, Nq, D) ... -> out (S, B, H, Nq, Dv), lse (S, B, H, Nq); grid (B*H, Tr, S)."""
+        """q (B, H, Nq, D) ... -> out (S, B, H, Nq, Dv), lse (S, B, H, Nq); grid (B*H, Tr, S)
+        (``last_first`` False: (Tr, B*H, S))."""
         H, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
-        b = cuda.blockIdx.x // H
-        h = cuda.blockIdx.x % H
-        tr = cuda.gridDim.y - 1 - cuda.blockIdx.y     # the last query tiles (the longest rows) first
+        if LAST_FIRST:
+            b = cuda.blockIdx.x // H
+            h = cuda.blockIdx.x % H
+            tr = cuda.gridDim.y - 1 - cuda.blockIdx.y     # the last query tiles (the longest rows) first
+        else:                                             # tiled's order: query tiles fastest, first first
+            tr = cuda.blockIdx.x
+            b = cuda.blockIdx.y // H
+            h = cuda.blockIdx.y % H
         kh = kv_head[h]
         split = cuda.blockIdx.z
         t = cuda.threadIdx.x
         tx = t % TX
         ty = t // TX
         row0 = tr * Br
-        if SIMULATOR:                 # the simulator takes no alignment (and needs none)
+        if SIMULATOR or not ALIGN:    # the simulator takes no alignment (and needs none); no ALIGN: 4-byte loads
             sm = cuda.shared.array(0, float32)
         else:
-            sm = cuda.shared.array(0, float32, alignment=16)
+            sm = cuda.shared.array(0, float32, alignment=ALIGN)
         slope = float32(slopes[b, h])
 
         n_all = nvisit[tr]
@@ -181,14 +199,14 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
                 mx = NEG_INF
                 for c in range(RN):
                     mx = max_nan(mx, s[r, c])
-                if SIMULATOR:
+                if SHARED_REDUCE:
                     sm[U(RED + (ty + TY * r) * TX + tx)] = mx
                 else:                         # the TX threads of a row are TX neighbouring lanes
                     for w in (16, 8, 4, 2, 1):    # unrolled; a constant test drops the steps past TX
                         if w < TX:
                             mx = max_nan(mx, cuda.shfl_xor_sync(ALL, mx, w))
                     rmax[r] = mx
-            if SIMULATOR:
+            if SHARED_REDUCE:
                 cuda.syncthreads()
                 for r in range(RM):
                     mx = NEG_INF
@@ -227,14 +245,14 @@ def make_vec4_kernel(tiling: Tiling, D: int, Dv: int):
                                 o[r, 4 * g + jj] += qa[r, j] * vb[g, jj]
 
         # each thread summed only its own keys: add the TX shares of every row's l
-        if SIMULATOR:
+        if SHARED_REDUCE:
             cuda.syncthreads()
             for r in range(RM):
                 sm[U(RED + (ty + TY * r) * TX + tx)] = l[r]
             cuda.syncthreads()
         for r in range(RM):
             total = l[r]
-            if SIMULATOR:
+            if SHARED_REDUCE:
                 total = float32(0.0)
                 for x in range(TX):
                     total += sm[U(RED + (ty + TY * r) * TX + x)]

@@ -28,6 +28,11 @@ class Tiling:
     The kernel: ``vec`` False, ``prefetch`` False: ``tiled``; ``prefetch`` True:
     ``tiled_prefetch``; ``vec`` True: ``tiled_vec4``, and with ``prefetch``
     ``tiled_staged`` (a whole K / V tile through registers, one tile ahead).
+    ``tiled_vec4`` is reached one change a step: ``tiled_rebuilt`` (its kernel
+    on ``tiled_prefetch``'s tile sizes, ``shuffle`` and ``last_first`` off,
+    ``align`` 0), ``tiled_shuffle`` (``shuffle``), ``tiled_reorder``
+    (``last_first``), ``tiled_aligned`` (``align`` 16), ``tiled_vec4`` (the
+    larger tiles); ``tiled_staged``'s kernel has none of these switches.
     """
 
     Br: int = 64             # query rows per block
@@ -39,6 +44,9 @@ class Tiling:
     max_regs: int = 0        # a cap on registers per thread for the compiler (0: its own choice)
     unsigned: bool = True    # shared / global indices cast to uint64 (False: numba's wraparound code)
     vec: bool = False        # 16-byte shared loads, shuffles, heaviest tiles first (tiled_vec4, tiled_staged)
+    align: int = 16          # bytes the vec kernels' shared buffer is declared aligned to (0: a float's 4)
+    shuffle: bool = True     # the vec kernels' row max and sum by warp shuffles (False: through shared memory)
+    last_first: bool = True  # the vec kernels' grid: heads fastest, last query tile first (False: tiled's)
 
     @property
     def ty(self):
@@ -57,6 +65,8 @@ class Tiling:
             raise ValueError(f"{self}: threads must be a multiple of tx, Br of threads / tx and Bc of tx")
         if self.vec and (32 % self.tx or self.Bc % 4):
             raise ValueError(f"{self}: the vectorised kernel needs tx to divide a warp (32) and Bc a multiple of 4")
+        if self.vec and self.prefetch and (self.align != 16 or not self.shuffle or not self.last_first):
+            raise ValueError(f"{self}: tiled_staged's kernel has no align, shuffle or last_first switch")
         if self.shared_bytes(D, Dv) > MAX_SHARED:
             raise ValueError(f"{self} needs {self.shared_bytes(D, Dv)} bytes of shared memory at D={D}, "
                              f"Dv={Dv}; a block gets at most {MAX_SHARED}")
@@ -139,6 +149,10 @@ STEP_TILING = {
     "tiled_unsigned": Tiling(pad=0, prefetch=False),
     "tiled_padded": Tiling(pad=1, prefetch=False),
     "tiled_prefetch": Tiling(pad=1, prefetch=True),
+    "tiled_rebuilt": Tiling(pad=4, prefetch=False, vec=True, align=0, shuffle=False, last_first=False),
+    "tiled_shuffle": Tiling(pad=4, prefetch=False, vec=True, align=0, last_first=False),
+    "tiled_reorder": Tiling(pad=4, prefetch=False, vec=True, align=0),
+    "tiled_aligned": Tiling(pad=4, prefetch=False, vec=True),
     "tiled_vec4": Tiling(Br=128, Bc=64, threads=256, tx=16, pad=4, prefetch=False, vec=True),
     "tiled_staged": Tiling(Br=128, Bc=64, threads=256, tx=16, pad=4, prefetch=True, vec=True),
 }
