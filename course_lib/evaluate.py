@@ -311,14 +311,16 @@ class Evaluation:
 
 def choices_by_layer(choices, n_layers) -> dict:
     """What "auto" ran, per layer: the model calls attention once per layer per forward, in
-    order, so call i is layer i % n_layers.  {chosen: {layer: {precision: calls}}, reasons: {...}}."""
+    order, so call i is layer i % n_layers.  {chosen: {layer: {precision: calls}}, reasons: the
+    first call's reason for each precision, by_call: the precision of every call in order}."""
     chosen = {str(layer): {} for layer in range(n_layers)}
     reasons = {}
     for i, choice in enumerate(choices):
         per = chosen[str(i % n_layers)]
         per[choice.precision] = per.get(choice.precision, 0) + 1
-        reasons.setdefault(choice.precision, choice.reason)  # the first call's reason for each
-    return {"chosen": chosen, "reasons": reasons, "calls": len(choices)}
+        reasons.setdefault(choice.precision, choice.reason)
+    return {"chosen": chosen, "reasons": reasons, "calls": len(choices),
+            "by_call": [choice.precision for choice in choices]}
 
 
 def _rewinding_step(model, cache, impl, token):
