@@ -1,6 +1,6 @@
 """Judge the kernels inside chapter 13's model, the brief's checklist as measured tables.
 
-    python -m course_lib.evaluate [--quick] [--impls reference flash_numpy ...] [--out FILE]
+    python -m course_lib.evaluate [--quick] [--impls reference flash_numpy ...] [--only quality ...] [--out FILE]
 
 Tables, every row a JSON-line record (``--out``) carrying the impl, the
 precision, the phase (prefill | decode), the attention shape (B, H, H_kv, Nq,
@@ -9,7 +9,9 @@ it ran:
 
 1. quality: held-out perplexity with every impl and precision, scored as
    prefill (whole windows) and as decode (one byte at a time through the KV
-   cache, contiguous and paged), beside the byte-unigram baseline;
+   cache, contiguous and paged), beside the byte-unigram baseline; fp8 and
+   "auto" (chapter 11's fallback, each call's choice recorded per layer) join
+   float32 / float16 / bfloat16 for the impls that take fp8;
 2. prefill vs decode: time to first token of a short and a long prompt, time
    per output token with a contiguous cache, a paged cache and none;
 3. the layers of one decode step: the kernel alone, the Python call
@@ -32,7 +34,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from . import kernels
+from . import kernels, lowp
 from .api import attention, available_impls
 from .bench.records import environment, new_run
 from .bench.timing import time_interleaved, time_it
@@ -42,8 +44,20 @@ from .model.split_kv import split_kv_decode
 from .model.transformer import Transformer
 
 # The precision table's rows: the dtype attention's q, k, v and the KV cache
-# are stored in.  fp8 joins as one more row once ``attention`` takes descales.
+# are stored in.
 PRECISIONS = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+# And two rows through chapter 11's hook (``lowp``): "fp8", q, k, v quantised to
+# e4m3 with descales per (batch, heads_k) at every attention call (the KV cache
+# keeps float32 and the cached K / V are quantised afresh with the new token's),
+# and "auto", the fallback choosing fp8 / fp16 / fp32 per call for ``AUTO_BUDGET``.
+LOWP_PRECISIONS = ("fp8", "auto")
+FP8_IMPLS = ("reference", "naive", "flash_numpy", "flash_numba_cpu")  # the impls that take descales
+# The largest absolute error of a layer's attention output "auto" accepts.  Its
+# rows (|V| reaches about 3) sit between what the probe predicts for fp8 on the
+# short rows of decode (0.1 to 0.25) and on 64-byte prefill windows (0.3 to 0.55),
+# so one run shows both branches: a deployment sets it from its quality target.
+AUTO_BUDGET = 0.25
+GROUPS = ("quality", "prefill", "decode", "layers", "split", "masks")
 SIMULATED = "flash_numba_cuda"  # runs in numba's CUDA simulator here: tiny shapes only
 PAGED = "paged block-table reader"  # the paged cache's own decode attention
 DEFAULT_OUT = Path("notebooks/records/model_eval.jsonl")
@@ -98,6 +112,9 @@ class Evaluation:
                 rows.append((impl, name, "prefill", None))
             if not (impl == SIMULATED and self.quick):
                 rows.append((impl, "float32", "decode", "contiguous"))
+            if impl in FP8_IMPLS:
+                rows += [(impl, name, phase, kv) for name in LOWP_PRECISIONS
+                         for phase, kv in (("prefill", None), ("decode", "contiguous"))]
         # The paged cache's decode reads K / V through the block table with its own
         # loop (kv_cache.paged_decode_attention), whatever the impl of the prefill.
         rows += [(PAGED, name, "decode", "paged") for name in PRECISIONS]
@@ -105,7 +122,15 @@ class Evaluation:
 
     def quality_row(self, impl, precision, phase, kv_cache):
         c = self.model.config
-        dtype = PRECISIONS[precision]
+        extra, attend = {}, impl
+        if precision in LOWP_PRECISIONS:
+            dtype = np.float32  # the model hands float32 to the hook, which stores q, k, v as it says
+            attend = (lowp.precision_attention("fp8", impl=impl) if precision == "fp8"
+                      else lowp.AutoAttention(AUTO_BUDGET, impl=impl))
+            extra = {"attention_inputs": "float8_e4m3fn, descales per (batch, heads_k), quantised at every call",
+                     "kv_cache_stores": "float32" if phase == "decode" else None}
+        else:
+            dtype = PRECISIONS[precision]
         if impl == SIMULATED:  # one Python thread per CUDA thread: a few bytes only
             length, windows = (16, 1) if phase == "prefill" else (8, 1)
         else:
@@ -114,20 +139,22 @@ class Evaluation:
         text = self.text[TEXT_START:TEXT_START + windows * length + 1]
         start = time.perf_counter()
         if phase == "prefill":
-            ppl = self.model.perplexity(text, impl=impl, dtype=dtype, length=length)
+            ppl = self.model.perplexity(text, impl=attend, dtype=dtype, length=length)
             shape = self.shape(min(windows, 8), length, length)
         else:
-            ppl = self.model.decode_perplexity(text, impl="reference" if impl == PAGED else impl,
+            ppl = self.model.decode_perplexity(text, impl="reference" if impl == PAGED else attend,
                                                dtype=dtype, kv_cache=kv_cache)
             shape = self.shape(1, 1, length)
         seconds = time.perf_counter() - start
+        if precision == "auto":
+            extra.update(budget=AUTO_BUDGET, **choices_by_layer(attend.choices, c.n_layers))
         truth = (self.model.perplexity(text, length=length) if phase == "prefill"
                  else self.model.perplexity(text, length=len(text) - 1))
         unigram = corpus.unigram_perplexity(corpus.read(corpus.TRAIN_FILES), text)
         return self.rec("quality", impl=impl, dtype=precision, phase=phase, shape=shape, perplexity=ppl,
                         unigram_perplexity=unigram,
                         kv_cache=kv_cache, seconds=seconds, layer="whole scoring pass", text_bytes=len(text),
-                        reference_perplexity=truth, relative_change=ppl / truth - 1.0)
+                        reference_perplexity=truth, relative_change=ppl / truth - 1.0, **extra)
 
     # -- 2. prefill vs decode, 3. the layers of a decode step -----------------------
 
@@ -268,8 +295,8 @@ class Evaluation:
 
     # -- the run --------------------------------------------------------------------
 
-    def tasks(self):
-        """Every measurement as (label, zero-argument function returning records)."""
+    def tasks(self, only=GROUPS):
+        """Every measurement of the ``only`` groups as (label, zero-argument function returning records)."""
         tasks = [(f"quality {impl} {p} {phase} {kv or ''}", (lambda a=(impl, p, phase, kv): [self.quality_row(*a)]))
                  for impl, p, phase, kv in self.quality_plan()]
         for impl in self.timing_impls():
@@ -279,7 +306,21 @@ class Evaluation:
         tasks.append(("split-KV decode", self.split_rows))
         mask_impl = "flash_numba_cpu" if "flash_numba_cpu" in self.impls else self.timing_impls()[0]
         tasks.append((f"masks {mask_impl}", lambda: self.mask_rows(mask_impl)))
-        return tasks
+        return [(label, task) for label, task in tasks if label.split()[0].removesuffix("-KV") in only]
+
+
+def choices_by_layer(choices, n_layers) -> dict:
+    """What "auto" ran, per layer: the model calls attention once per layer per forward, in
+    order, so call i is layer i % n_layers.  {chosen: {layer: {precision: calls}}, reasons: the
+    first call's reason for each precision, by_call: the precision of every call in order}."""
+    chosen = {str(layer): {} for layer in range(n_layers)}
+    reasons = {}
+    for i, choice in enumerate(choices):
+        per = chosen[str(i % n_layers)]
+        per[choice.precision] = per.get(choice.precision, 0) + 1
+        reasons.setdefault(choice.precision, choice.reason)
+    return {"chosen": chosen, "reasons": reasons, "calls": len(choices),
+            "by_call": [choice.precision for choice in choices]}
 
 
 def _rewinding_step(model, cache, impl, token):
@@ -312,6 +353,12 @@ def format_tables(records) -> str:
             note = r["layer"] or ""
             if "relative_change" in r:
                 note += f"; vs reference {r['relative_change']:+.2e}; byte-unigram {r['unigram_perplexity']:.2f}"
+            if "chosen" in r:
+                totals = {}
+                for per in r["chosen"].values():
+                    for p, n in per.items():
+                        totals[p] = totals.get(p, 0) + n
+                note += f"; budget {r['budget']:g}: " + ", ".join(f"{p} {n}" for p, n in sorted(totals.items()))
             if "splits" in r:
                 note += f"; splits {r['splits']}, x{r['speedup_vs_one_split']:.2f}"
             if "tiles_computed" in r:
@@ -326,12 +373,14 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="short texts and few repeats (a few minutes)")
     parser.add_argument("--impls", nargs="+", help=f"impls to judge (default: {', '.join(available_impls())})")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per number (default 3 quick, 7 full)")
+    parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS),
+                        help="measure only these groups (default: all), e.g. --only quality")
     parser.add_argument("--out", default=None, help=f"append JSON-line records here (e.g. {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     from tqdm.auto import tqdm
     ev = Evaluation(quick=args.quick, impls=args.impls, repeats=args.repeats)
     records = []
-    tasks = ev.tasks()
+    tasks = ev.tasks(args.only)
     with tqdm(tasks, desc="evaluate", unit="task", file=sys.stderr) as bar:
         for label, task in bar:
             bar.set_postfix_str(label[:40])

@@ -248,6 +248,15 @@ def test_a_stale_descale_that_k_overflows_refuses_fp8():
     assert choice.precision == "fp16" and "K's amax" in choice.reason and "fp8" not in choice.predicted
 
 
+def test_descales_computed_from_the_inputs_themselves_never_count_as_an_overflow():
+    q, k, v = _inputs(np.random.default_rng(15))
+    v = v * (3.5 * (1 + 2.0 ** -30) / np.abs(v).max())  # amax / 448 = 2**-7 (1 + 2**-30): float32 drops the tail
+    own = [formats.descale_for(formats.amax(x, "head", 1)) for x in (q, k, v)]
+    assert np.abs(v).max() / own[2].max() > 448  # so amax / descale is a hair above 448, and rounds to 448
+    assert fallback.choose_precision(q, k, v, budget=1.0, descales=own).precision == "fp8"
+    assert fallback.choose_precision(q, k * 1.1, v, budget=1.0, descales=own).precision == "fp16"
+
+
 def test_values_beyond_float16_and_nan_fall_back_to_fp32():
     q, k, v = _inputs(np.random.default_rng(16))
     assert fallback.choose_precision(q, k, v * 1e5, budget=1e-9).precision == "fp32"

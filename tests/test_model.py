@@ -8,7 +8,7 @@ import course_lib
 from course_lib import attention
 from course_lib.model import corpus, custom_masks, kv_cache
 from course_lib.model.split_kv import chunks, split_kv_decode
-from course_lib.model.transformer import DEFAULT_WEIGHTS, Transformer
+from course_lib.model.transformer import DEFAULT_WEIGHTS, Transformer, as_tokens
 
 RECORD = DEFAULT_WEIGHTS.parent / "training.json"
 CPU_IMPLS = [name for name in course_lib.available_impls() if name != "flash_numba_cuda"]
@@ -100,6 +100,99 @@ def test_a_planted_kernel_bug_shows_up_as_a_quality_change(model, heldout):
     for buggy in (wrong_scale, misses_the_diagonal):
         assert model.perplexity(text, impl=buggy, length=64) > 1.05 * truth, buggy.__name__
 
+
+
+# -- fp8 and the fallback (chapter 11's hook) in the model --------------------------------
+# Measured (flash_numpy, 64-byte windows at 7 places of the held-out text): fp8 moved
+# perplexity by -1.0% .. +0.8% scored as prefill (two windows) and by -1.4% .. +4.3% as
+# decode (one window), in both directions; fp16 by under 0.01%.  The bands below are
+# those with a margin of about 2-3 x.
+FP8_PREFILL_BAND, FP8_DECODE_BAND = 0.03, 0.08
+FP8_IMPLS = ["reference", "naive", "flash_numpy", "flash_numba_cpu"]
+
+
+def _captured_layer0(model, text):
+    """q, k, v (float32) that the model's first layer hands to attention on ``text``."""
+    seen = []
+
+    def capture(q, k, v, causal):
+        seen.append((q, k, v))
+        return attention(q, k, v, causal=causal)
+
+    model.forward(as_tokens(text)[None], impl=capture)
+    return seen[0]
+
+
+@pytest.mark.parametrize("impl", FP8_IMPLS)
+def test_fp8_attention_keeps_prefill_perplexity_within_its_band(model, heldout, impl):
+    from course_lib import lowp
+    text = heldout[2048:2048 + 2 * 64 + 1]
+    truth = model.perplexity(text, length=64)
+    fp8 = model.perplexity(text, impl=lowp.precision_attention("fp8", impl=impl), length=64)
+    fp16 = model.perplexity(text, impl=lowp.precision_attention("fp16", impl=impl), length=64)
+    assert abs(fp8 / truth - 1) < FP8_PREFILL_BAND
+    assert abs(fp8 / truth - 1) > abs(fp16 / truth - 1)  # fp8 is the coarser one, and the test can see it
+
+
+def test_fp8_attention_keeps_decode_perplexity_within_its_band(model, heldout):
+    from course_lib import lowp
+    text = heldout[2048:2048 + 65]
+    truth = model.perplexity(text, length=64)
+    fp8 = model.decode_perplexity(text, impl=lowp.precision_attention("fp8", impl="flash_numpy"))
+    assert abs(fp8 / truth - 1) < FP8_DECODE_BAND
+
+
+def test_a_planted_fp8_mistake_shows_up_as_a_quality_change(model, heldout):
+    from course_lib.lowp.precision import cast_inputs
+    text = heldout[2048:2048 + 2 * 64 + 1]
+    truth = model.perplexity(text, length=64)
+
+    def forgets(name):
+        def attend(q, k, v, causal):
+            q8, k8, v8, descales = cast_inputs(q, k, v, "fp8")
+            descales[name] = np.ones_like(descales[name])  # the descale not multiplied back in
+            return attention(q8, k8, v8, impl="flash_numpy", causal=causal, **descales)
+        return attend
+
+    for name in ("v_descale", "k_descale"):
+        assert model.perplexity(text, impl=forgets(name), length=64) > (1 + 2 * FP8_PREFILL_BAND) * truth, name
+
+
+def test_auto_attention_records_each_calls_choice_and_reason(model, heldout):
+    from course_lib import lowp
+    from course_lib.evaluate import AUTO_BUDGET, choices_by_layer
+    text = heldout[2048:2048 + 2 * 64 + 1]
+    auto = lowp.AutoAttention(AUTO_BUDGET, impl="flash_numpy")
+    ppl = model.perplexity(text, impl=auto, length=64)
+    assert len(auto.choices) == model.config.n_layers  # one forward, one call per layer
+    for choice in auto.choices:  # full 64-byte windows: fp8's probe error exceeds the budget
+        assert choice.precision == "fp16" and choice.predicted["fp8"] > AUTO_BUDGET >= choice.predicted["fp16"]
+    assert ppl == model.perplexity(text, impl=lowp.precision_attention("fp16", impl="flash_numpy"), length=64)
+    summary = choices_by_layer(auto.choices, model.config.n_layers)
+    assert summary["chosen"] == {str(i): {"fp16": 1} for i in range(4)} and "fp8" in summary["reasons"]["fp16"]
+
+
+def test_the_fallback_leaves_fp8_when_a_new_key_overflows_the_planned_scale(model, heldout):
+    """Delayed scaling (descales fixed from earlier data, as a KV cache stored in fp8 would keep
+    them): one new key 100 x larger than any before overflows e4m3 (448 x descale), which has no
+    inf: the kernel would see NaN.  The fallback sees it and picks fp16, within the budget."""
+    import ml_dtypes
+    from course_lib import lowp
+    from course_lib.evaluate import AUTO_BUDGET
+    from course_lib.lowp.precision import cast_inputs
+    q, k, v = _captured_layer0(model, heldout[2048:2048 + 24])
+    q = q[:, :, -1:]  # a decode step: the newest token's query against every cached key
+    *_, planned = cast_inputs(q, k, v, "fp8")
+    descales = (planned["q_descale"], planned["k_descale"], planned["v_descale"])
+    assert lowp.choose_precision(q, k, v, AUTO_BUDGET, descales=descales).precision == "fp8"
+    k_spike = k.copy()
+    k_spike[0, 1, -1] *= 100.0
+    choice = lowp.choose_precision(q, k_spike, v, AUTO_BUDGET, descales=descales)
+    assert choice.precision == "fp16" and "overflow" in choice.reason
+    k8 = (k_spike / planned["k_descale"][:, :, None, None]).astype(ml_dtypes.float8_e4m3fn)
+    assert np.isnan(k8.astype(np.float32)).any()  # what fp8 at the planned scale would have stored
+    exact = attention(q.astype(np.float64), k_spike.astype(np.float64), v.astype(np.float64), causal=True)
+    assert np.abs(lowp.attention_at(choice.precision, q, k_spike, v, causal=True) - exact).max() <= AUTO_BUDGET
 
 def test_a_top_left_causal_mask_passes_prefill_and_breaks_decode(model, heldout):
     """PyTorch's is_causal alignment agrees with FlashAttention's when Nq == Nk, never in decode."""
@@ -237,13 +330,27 @@ def test_evaluation_records_carry_what_the_brief_asks(model):
     ev = evaluate.Evaluation(model, quick=True, impls=["reference", "flash_numpy"], repeats=1)
     rows = [ev.quality_row("flash_numpy", "float32", "prefill", None),
             ev.quality_row(evaluate.PAGED, "float16", "decode", "paged")]
+    rows.append(ev.quality_row("flash_numpy", "auto", "decode", "contiguous"))
     for r in rows:
         assert {"impl", "dtype", "phase", "perplexity", "unigram_perplexity", "seconds", "kv_cache", "shape",
                 "mask", "environment"} <= set(r)
         assert r["perplexity"] < r["unigram_perplexity"]
     assert abs(rows[0]["relative_change"]) < 1e-3 and abs(rows[1]["relative_change"]) < 1e-2
+    auto = rows[2]
+    assert auto["budget"] == evaluate.AUTO_BUDGET and set(auto["chosen"]) == {"0", "1", "2", "3"}
+    assert sum(n for per in auto["chosen"].values() for n in per.values()) == auto["calls"] == 64 * 4
+    assert abs(auto["relative_change"]) < FP8_DECODE_BAND
     table = evaluate.format_tables(rows)
-    assert "float16" in table and "byte-unigram" in table
+    assert "float16" in table and "byte-unigram" in table and "budget 0.25" in table
+
+
+def test_evaluate_can_run_the_quality_table_alone(model):
+    from course_lib import evaluate
+    ev = evaluate.Evaluation(model, quick=True, impls=["naive", "flash_numpy"], repeats=1)
+    labels = [label for label, _ in ev.tasks(["quality"])]
+    assert labels and all(label.startswith("quality") for label in labels)
+    assert {p for label in labels for p in ("fp8", "auto") if f" {p} " in label} == {"fp8", "auto"}
+    assert len(ev.tasks()) > len(labels)
 
 
 def test_evaluate_refuses_an_unknown_impl(model):

@@ -15,7 +15,7 @@
 """
 from .fallback import Choice, choose_precision
 from .formats import FORMATS, amax, dequantize, descale_for, incoherent, quantize
-from .precision import PRECISIONS, attention_at, precision_attention
+from .precision import PRECISIONS, AutoAttention, attention_at, precision_attention
 
-__all__ = ["Choice", "choose_precision", "FORMATS", "amax", "dequantize", "descale_for", "incoherent",
+__all__ = ["AutoAttention", "Choice", "choose_precision", "FORMATS", "amax", "dequantize", "descale_for", "incoherent",
            "quantize", "PRECISIONS", "attention_at", "precision_attention"]

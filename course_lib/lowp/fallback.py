@@ -5,8 +5,8 @@ The policy (``choose_precision``), in order:
 1. Inputs holding NaN or inf: fp32 (no scale holds them; let the float32
    kernel report them as the NaN rule says).
 2. fp8 is refused when the descales a caller plans to use (delayed scaling,
-   from earlier data) cannot hold today's amax: amax / descale > 448 would
-   overflow e4m3 (which has no inf: the value becomes NaN).
+   from earlier data) cannot hold today's amax: amax / descale rounding past
+   448 overflows e4m3 (which has no inf: the value becomes NaN).
 3. Otherwise each candidate, cheapest first (fp8, then fp16), is measured on
    a probe: ``probe_rows`` query rows spread over the sequence, against every
    key, through ``study.emulate`` with the kernel's recipe, against the exact
@@ -62,8 +62,13 @@ def predicted_error(q, k, v, recipe: Recipe, probe_rows=64, margin=2.0) -> float
 
 
 def _overflow(x, descale, heads_k):
-    """The worst amax / (448 x descale) of one input: above 1 it overflows e4m3."""
-    return float(np.max(amax(x, "head", heads_k) / (FORMATS["float8_e4m3fn"].max * np.asarray(descale, np.float64))))
+    """(the worst amax / (448 x descale) of one input, whether it overflows e4m3).  It overflows
+    when amax / descale rounds to NaN, not merely when it passes 448: up to the rounding midpoint
+    464 it still rounds to 448, so a descale computed from this very amax (rounded to float32,
+    which may put the ratio a hair above 1) never counts as an overflow."""
+    scaled = amax(x, "head", heads_k) / np.asarray(descale, np.float64)
+    e4m3 = FORMATS["float8_e4m3fn"]
+    return float(np.max(scaled) / e4m3.max), bool(np.isnan(scaled.astype(e4m3.dtype).astype(np.float64)).any())
 
 
 def choose_precision(q, k, v, budget, *, descales=None, probe_rows=64, margin=2.0) -> Choice:
@@ -79,9 +84,10 @@ def choose_precision(q, k, v, budget, *, descales=None, probe_rows=64, margin=2.
     overflow = None
     if descales is not None:
         ratios = {name: _overflow(x, d, heads_k) for name, x, d in zip("qkv", (q, k, v), descales)}
-        worst = max(ratios, key=ratios.get)
-        if ratios[worst] > 1:
-            overflow = (f"{worst.upper()}'s amax is {ratios[worst]:.3g}x what its descale holds "
+        worst = max(ratios, key=lambda name: ratios[name][0])
+        ratio, overflows = ratios[worst]
+        if overflows:
+            overflow = (f"{worst.upper()}'s amax is {ratio:.3g}x what its descale holds "
                         f"(448 x descale): fp8 would overflow to NaN")
     if overflow is None:
         predicted["fp8"] = predicted_error(q, k, v, RECIPES["fp8"], probe_rows, margin)

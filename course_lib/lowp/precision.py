@@ -67,3 +67,21 @@ def precision_attention(precision, impl="flash_numpy", budget=None):
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return partial(attention_at, precision, impl=impl, budget=budget)
+
+
+class AutoAttention:
+    """``precision="auto"`` that keeps what it chose: a drop-in for ``course_lib.attention`` whose
+    ``choices`` list holds every call's ``fallback.Choice`` (precision, reason, predicted errors),
+    in call order, so a model's run can say which precision each layer and step ran in, and why."""
+
+    def __init__(self, budget, impl="flash_numpy", **policy):
+        if not (budget > 0):
+            raise ValueError(f"budget must be a positive error bound, got {budget!r}")
+        self.budget, self.impl, self.policy = budget, impl, policy
+        self.choices = []
+
+    def __call__(self, q, k, v, *, return_lse=False, **options):
+        from .fallback import choose_precision
+        choice = choose_precision(q, k, v, self.budget, **self.policy)
+        self.choices.append(choice)
+        return attention_at(choice.precision, q, k, v, impl=self.impl, return_lse=return_lse, **options)
