@@ -25,6 +25,8 @@ Parts, in the order they run:
   numpy, N from 64 to 4096 at B*H = 64, beside torch's kernels;
 - ``masks``: one shape, the mask varied (none, causal, window, softcap, ALiBi),
   and SDPA given a causal mask as a tensor instead of ``is_causal``;
+- ``chain`` (not in the default list): ``tiled_prefetch`` to ``tiled_vec4`` one change at a
+  time, alternated over ``--rounds`` rounds beside naive torch;
 - ``sanitize`` (not in the default list): small launches for compute-sanitizer,
   run by ``benchmarks/gpu_sanitize.py``.
 
@@ -326,6 +328,32 @@ def part_steps(args):
                 torch.cuda.empty_cache()
 
 
+# tiled_prefetch to tiled_vec4, one change a step (cs.STEPS holds them in this order)
+CHAIN = ("tiled_prefetch", "tiled_rebuilt", "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4")
+
+
+def part_chain(args):
+    """The chain's steps and naive torch at B*H = 64, N = 4096, causal or not, timed in rounds that
+    alternate them, so that a change of a few percent is measured against a neighbour timed moments
+    before, not against a record of another run."""
+    import torch
+    n = 4096
+    for D in args.head_dims:
+        for causal in (False, True):
+            pr = Problem(max(1, args.tokens // n), 16, n, n, D, seed=n + D)
+            calls = {step: pr.call(step, causal=causal) for step in CHAIN}
+            naive = peers(pr, causal, ["torch_naive"])["torch_naive"][0]
+            for rnd in range(args.rounds):
+                for step in CHAIN:
+                    p, call = calls[step]
+                    time_record("gpu_steps_chain", f"cuda_{step}", call, pr.shape, "float32", causal, args.repeats,
+                                step=step, round=rnd, **step_extra(p))
+                time_record("gpu_steps_chain", "torch_naive", naive, pr.shape, "float32", causal, args.repeats,
+                            round=rnd)
+            del pr, calls
+            torch.cuda.empty_cache()
+
+
 def part_causal(args):
     import torch
     n = 8192
@@ -496,6 +524,7 @@ def main(argv=None):
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--tokens", type=int, default=16384, help="B = tokens / N (B*H = 64 at N = 4096)")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the chain part")
     parser.add_argument("--parts", nargs="+",
                         default=["check", "tune", "steps", "causal", "decode", "layers", "masks"])
     parser.add_argument("--tuned", default=None, help="a gpu_steps_tuned record file to take TUNED from")

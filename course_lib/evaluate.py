@@ -58,6 +58,10 @@ FP8_IMPLS = ("reference", "naive", "flash_numpy", "flash_numba_cpu")  # the impl
 # so one run shows both branches: a deployment sets it from its quality target.
 AUTO_BUDGET = 0.25
 GROUPS = ("quality", "prefill", "decode", "layers", "split", "masks")
+# What a record's time covers, from one attention call up to a whole scoring pass of the model
+# (the kernel benchmarks' own layers are bench.LAYERS).
+LAYERS = ("kernel", "kernel + split and merge", "Python call", "one attention call", "whole token",
+          "time per output token", "time to first token", "whole forward pass", "whole scoring pass")
 SIMULATED = "flash_numba_cuda"  # runs in numba's CUDA simulator here: tiny shapes only
 PAGED = "paged block-table reader"  # the paged cache's own decode attention
 DEFAULT_OUT = Path("notebooks/records/model_eval.jsonl")

@@ -5,6 +5,7 @@ shape, dtype, mask, impl, block sizes, the median time, the derived TFLOP/s and
 bytes moved, and where it was measured; a record whose time leaves the kernel's work
 out (the launch layer) carries no FLOP rate."""
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +124,9 @@ def test_a_record_refuses_an_unknown_layer_and_a_given_flop_rate():
 def test_no_committed_launch_record_claims_a_flop_rate(path):
     launch = [r for r in bench.load_records(path) if r.get("layer") == "launch"]
     assert not [r for r in launch if r.get("tflops") is not None], f"{path.name}: launch records with TFLOP/s"
-    assert all(r.get("layer") in (None, *bench.LAYERS) for r in bench.load_records(path))
+    from course_lib import evaluate
+    layers = evaluate.LAYERS if path.name == "model_eval.jsonl" else bench.LAYERS   # chapter 13's model
+    assert all(r.get("layer") in (None, *layers) for r in bench.load_records(path))
 
 
 def test_append_then_load_round_trips_and_filters(tmp_path):
@@ -234,10 +237,21 @@ def test_a_bucket_an_impl_cannot_take_is_recorded_with_why():
 
 
 def test_h200_records_hold_every_step_and_peer_in_one_run():
+    """Every step is timed beside its peers in one run: the chapter's run, or for the steps that
+    split tiled_prefetch -> tiled_vec4 into one change each (added after it), the chain's run,
+    which times the chain's two ends again beside naive torch and checks every step on the GPU."""
+    sys.path.insert(0, str(RECORDS.parent.parent / "benchmarks"))
+    import gpu_steps
     records = bench.load_records(RECORDS / "gpu_steps.jsonl", benchmark="gpu_steps")
     assert len({r["run_id"] for r in records}) == 1
     impls = {r["impl"] for r in records}
-    assert {f"cuda_{s}" for s in cs.STEPS} <= impls
+    chain = {f"cuda_{s}" for s in gpu_steps.CHAIN}
+    assert {f"cuda_{s}" for s in cs.STEPS} - impls <= chain
     assert set(benchrun.TORCH_PEERS) <= impls
     checked = bench.load_records(RECORDS / "gpu_steps.jsonl", benchmark="gpu_steps_check")
     assert checked and all(r["verdict"] == "PASS" for r in checked)
+    timed = bench.load_records(RECORDS / "gpu_steps_chain.jsonl", benchmark="gpu_steps_chain")
+    assert len({r["run_id"] for r in timed}) == 1
+    assert chain | {"torch_naive"} <= {r["impl"] for r in timed}
+    checked = bench.load_records(RECORDS / "gpu_steps_chain.jsonl", benchmark="gpu_steps_check")
+    assert {r["step"] for r in checked} >= set(cs.STEPS) and all(r["verdict"] == "PASS" for r in checked)

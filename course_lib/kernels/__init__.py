@@ -21,10 +21,10 @@ impl                     what it changes                                        
 ``cuda_tiled_unsigned``  unsigned shared indices: no wraparound test and add per access         7.5 / 7.0
 ``cuda_tiled_padded``    shared rows padded by one float: no TX-way bank conflict             11.2 / 10.8
 ``cuda_tiled_prefetch``  the next K / V tile loaded into registers during this one            13.6 / 10.5
-``cuda_tiled_rebuilt``   ``tiled_vec4``'s kernel, switches off: no prefetch, 4-byte loads
-``cuda_tiled_shuffle``   row max and row sum by warp shuffles: one barrier a tile fewer
-``cuda_tiled_reorder``   grid: heads fastest, the last query tiles (longest rows) first
-``cuda_tiled_aligned``   the shared buffer 16-byte aligned: one ``ld.shared.v4``, 4 floats
+``cuda_tiled_rebuilt``   ``tiled_vec4``'s kernel on 64 x 32 tiles, switches off, no prefetch     24.8 / 10.6 *
+``cuda_tiled_shuffle``   row max and row sum by warp shuffles: one barrier a tile fewer        25.1 / 10.6 *
+``cuda_tiled_reorder``   grid: heads fastest, the last query tiles (longest rows) first        24.4 /  9.1 *
+``cuda_tiled_aligned``   the shared buffer declared 16-byte aligned                             24.4 /  9.1 *
 ``cuda_tiled_vec4``      128 x 64 tiles over 256 threads (``tiled_aligned``: 64 x 32, 128)    25.6 / 13.9
 ``cuda_tiled_staged``    every K / V load of a tile in flight at once, a tile ahead           30.4 / 33.6
 ``cuda_tuned``           ``cuda_tiled_staged`` with tile sizes and threads autotuned per D    30.6 / 33.6
@@ -33,7 +33,10 @@ impl                     what it changes                                        
 TFLOP/s: D = 64 / D = 128, float32, B*H = 64, N = 4096, not causal, CUDA events
 around the kernel on an NVIDIA H200, one run (notebooks/records/gpu_steps.jsonl,
 run 20261201T142142+0000; in the same run naive torch fp32 22.6 / 31.8, SDPA
-efficient fp32 35.1 / 45.1).  ``cuda_tuned`` is 1.36x / 1.06x naive torch and
+efficient fp32 35.1 / 45.1); * the steps that split ``tiled_prefetch`` -> ``tiled_vec4`` into
+one change each, medians of 5 alternated rounds of their own run
+(notebooks/records/gpu_steps_chain.jsonl, where ``tiled_prefetch`` ran 13.4 / 10.5 and
+``tiled_vec4`` 24.9 / 13.7).  ``cuda_tuned`` is 1.36x / 1.06x naive torch and
 0.87x / 0.74x SDPA efficient; causal at N = 8192 runs 1.98x / 1.99x faster than
 non-causal; decode split-KV (splits from ``cuda_steps.decode_splits``) 5.4x /
 4.7x faster than one block per row.  The CPU impls' times are in
@@ -89,10 +92,10 @@ IMPLS = {
     "cuda_tiled_unsigned": _step("tiled_unsigned", "unsigned shared indices: no wraparound code per access"),
     "cuda_tiled_padded": _step("tiled_padded", "shared rows padded by one float: no bank conflicts"),
     "cuda_tiled_prefetch": _step("tiled_prefetch", "the next K / V tile loaded into registers during this one"),
-    "cuda_tiled_rebuilt": _step("tiled_rebuilt", "tiled_vec4's kernel, switches off: no prefetch, 4-byte loads"),
+    "cuda_tiled_rebuilt": _step("tiled_rebuilt", "tiled_vec4's kernel on tiled_prefetch's tiling, switches off, no prefetch"),
     "cuda_tiled_shuffle": _step("tiled_shuffle", "row max and row sum by warp shuffles: one barrier a tile fewer"),
     "cuda_tiled_reorder": _step("tiled_reorder", "grid: heads fastest, the last query tiles first"),
-    "cuda_tiled_aligned": _step("tiled_aligned", "the shared buffer 16-byte aligned: 16-byte shared loads"),
+    "cuda_tiled_aligned": _step("tiled_aligned", "the shared buffer declared 16-byte aligned"),
     "cuda_tiled_vec4": _step("tiled_vec4", "128 x 64 tiles over 256 threads (tiled_aligned: 64 x 32 over 128)"),
     "cuda_tiled_staged": _step("tiled_staged", "every K / V load of a tile in flight at once, a tile ahead"),
     "cuda_tuned": _step("tuned", "tiled_staged with tile sizes and threads autotuned per head dim"),
