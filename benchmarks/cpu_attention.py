@@ -27,6 +27,26 @@ chapter 08 plots them:
   one down; the median over the rounds is recorded, and the ratios the
   chapter quotes come from here.
 
+Chapter 08's steps (``--parts steps targets decode tiles roofline``, each part
+appending records of its own benchmark name):
+
+- ``cpu_steps``: every step of the kernel (``flash_numba_cpu_microkernel`` ...
+  ``flash_numba_cpu``) and torch at (1, 8, 2048, 64);
+- ``cpu_targets``: flash_numba_cpu and torch at the issue's shapes, (1, 8, 4096, 64),
+  (1, 8, 4096, 128), causal (1, 8, 4096, 64), N = 1024 and 2048, and naive once
+  at N = 4096 for the memory comparison;
+- ``cpu_decode``: one query row against 32K keys, batch 8, 16 heads;
+- ``cpu_tiles``: flash_numba_cpu's (block_q, block_k) sweep at (1, 8, 2048, 64);
+- ``cpu_roofline``: this machine's float32 matmul rate (numpy's BLAS, every
+  core) and copy bandwidth, measured in a worker of its own.
+
+In ``steps``, ``targets`` and ``decode`` every impl runs in a process of its
+own and the impls alternate, round after round (``--rounds``, at least 3): the
+record keeps every round (``rounds_s``) and their min, median and max, so that
+the noise of a shared machine is shown, not hidden.  Workers are fresh
+interpreters (``subprocess``: a spawn, never a fork of a process that already
+ran numba's threads, which its OpenMP layer does not survive).
+
 PyTorch's CPU build is one of the course's dependencies (pyproject.toml).  Its
 ``scaled_dot_product_attention`` on the CPU is itself a FlashAttention kernel
 (``torch_sdpa_flash``).  Threads: numba and torch each use every core here.
@@ -48,6 +68,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "cpu_attention.jsonl"
 IMPLS = ("naive", "flash_numpy", "flash_numba_cpu", "torch_sdpa_flash")
+STEPS = ("flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
+         "flash_numba_cpu_balanced", "flash_numba_cpu")
+STEPS_SHAPE = (1, 8, 2048, 64)
+TARGETS = (((1, 8, 4096, 64), False), ((1, 8, 4096, 128), False), ((1, 8, 4096, 64), True),
+           ((1, 8, 1024, 64), False), ((1, 8, 2048, 64), False))
+DECODE = (8, 16, 32768, 64)    # batch, heads, keys, head_dim; one query row
+TILE_SWEEP = [(br, bc) for br in (64, 128, 256) for bc in (64, 128, 256, 512)]
 HEADLINE = (1, 8, 4096, 64)
 REPEATS_BELOW_S = 3.0  # a call shorter than this is repeated (median of 3); a longer one timed once
 
@@ -62,7 +89,7 @@ def torch_available() -> bool:
     return True
 
 
-def make_call(impl, q, k, v, causal):
+def make_call(impl, q, k, v, causal, tiles=None):
     """A zero-argument callable that runs ``impl`` once on (q, k, v)."""
     if impl.startswith("torch_"):
         import torch
@@ -75,13 +102,20 @@ def make_call(impl, q, k, v, causal):
                 return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
         return call
     import course_lib
-    return lambda: course_lib.attention(q, k, v, impl=impl, causal=causal)
+    blocks = dict(block_q=tiles[0], block_k=tiles[1]) if tiles else {}
+    return lambda: course_lib.attention(q, k, v, impl=impl, causal=causal, **blocks)
 
 
-def inputs(shape, seed=0):
+def inputs(shape, seed=0, nq=None):
+    """Seeded float32 q, k, v; q has ``nq`` rows when given (decoding), else N."""
     B, H, N, D = shape
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((B, H, N, D)).astype(np.float32) for _ in range(3))
+    block = min(N, 4096)    # longer keys repeat a 4096-key block: the time does not depend on the values
+
+    def one(rows):
+        x = rng.standard_normal((B, H, min(rows, block), D), dtype=np.float32)
+        return np.ascontiguousarray(np.tile(x, (1, 1, -(-rows // block), 1))[:, :, :rows]) if rows > block else x
+    return tuple(one(rows) for rows in (nq or N, N, N))
 
 
 def resident_bytes(field):
@@ -92,7 +126,7 @@ def resident_bytes(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def worker(impl, shape, causal):
+def worker(impl, shape, causal, nq=None, tiles=None):
     """One impl at one shape; prints one JSON line.
 
     The median time of 3 calls (1 when a call takes longer than
@@ -109,12 +143,12 @@ def worker(impl, shape, causal):
         if impl.startswith("torch_"):
             import torch
             torch.set_num_threads(int(threads))
-    q, k, v = inputs(shape)
+    q, k, v = inputs(shape, nq=nq)
     small = tuple(x[:, :, :128].copy() for x in (q, k, v))
     start = time.perf_counter()
-    make_call(impl, *small, causal)()                 # compile (or load the cache), warm up
+    make_call(impl, *small, causal, tiles)()          # compile (or load the cache), warm up
     warmup_s = time.perf_counter() - start
-    call = make_call(impl, q, k, v, causal)
+    call = make_call(impl, q, k, v, causal, tiles)
     times, peak = [], None
     while len(times) < 3 and (not times or times[0] < REPEATS_BELOW_S):
         if peak is None:
@@ -125,7 +159,7 @@ def worker(impl, shape, causal):
         times.append(time.perf_counter() - start)
         if peak is None:
             peak = resident_bytes("VmHWM") - before
-    print(json.dumps({"time_s": float(np.median(times)), "repeats": len(times), "times_s": times,
+    print(json.dumps({"time_s": float(np.median(times)), "min_s": min(times), "repeats": len(times), "times_s": times,
                       "peak_bytes": int(peak), "warmup_s": warmup_s}))
 
 
@@ -262,9 +296,118 @@ def main(argv=None):
     print(f"records appended to {args.out}")
 
 
+# -- chapter 08's steps: alternated rounds, one process per impl per round ------------
+
+def worker_args(impl, shape, causal, nq=None, tiles=None):
+    extra = [str(nq or 0), *(map(str, tiles) if tiles else ["0", "0"])]
+    return ["--worker", impl, *map(str, shape), str(int(causal)), *extra]
+
+
+def alternated(cases, rounds, desc):
+    """{case: [worker result per round]}: every case once per round, in the same order, ``rounds`` times."""
+    from tqdm import tqdm
+    results = {case: [] for case in cases}
+    for _ in tqdm(range(rounds), desc=desc, unit="round"):
+        for case in cases:
+            impl, shape, causal, nq = case
+            results[case].append(run_worker(worker_args(impl, shape, causal, nq)))
+    return results
+
+
+def spread(times):
+    return dict(min_s=float(np.min(times)), median_s=float(np.median(times)), max_s=float(np.max(times)),
+                time_s=float(np.median(times)))
+
+
+def record_rounds(out, benchmark, run, env, results):
+    from course_lib import bench
+    for (impl, shape, causal, nq), rs in results.items():
+        B, H, N, D = shape
+        # a round's time: the fastest of the worker's own repeats (1 to 3 calls)
+        times = [r["min_s"] for r in rs]
+        bench.append_record(out, benchmark=benchmark, run=run, env=env, impl=impl,
+                            shape=(B, H, nq or N, N, D), dtype="float32", causal=causal,
+                            rounds_s=times, worker_times_s=[r["times_s"] for r in rs],
+                            peak_bytes=int(np.median([r["peak_bytes"] for r in rs])),
+                            process="own, one per impl per round, impls alternated", **spread(times))
+        print(f"  {impl:>28} {shape} {'causal' if causal else 'full'} nq={nq or N}: "
+              f"min {min(times):.3f}  median {np.median(times):.3f}  max {max(times):.3f} s")
+
+
+def run_parts(parts, rounds, out):
+    from course_lib import bench
+    env = bench.environment()
+    if torch_available():
+        import torch
+        env["torch"] = torch.__version__
+    run = bench.new_run()
+    print(f"run {run}: parts {parts}, {rounds} rounds; records -> {out}")
+    torch_impl = "torch_sdpa_flash"
+    if "roofline" in parts:
+        start = time.perf_counter()
+        result = run_worker(["--roofline"])
+        bench.append_record(out, benchmark="cpu_roofline", run=run, env=env, impl="numpy", shape=(1, 1, 1, 1, 1),
+                            dtype="float32", time_s=time.perf_counter() - start, **result)
+        print(f"  roofline: {result['matmul_flops'] / 1e9:.1f} GFLOP/s float32 matmul, "
+              f"{result['bandwidth'] / 1e9:.1f} GB/s copy")
+    if "steps" in parts:
+        cases = [(impl, STEPS_SHAPE, False, None) for impl in (*STEPS, torch_impl)]
+        record_rounds(out, "cpu_steps", run, env, alternated(cases, rounds, "steps"))
+    if "targets" in parts:
+        cases = [(impl, shape, causal, None) for shape, causal in TARGETS for impl in ("flash_numba_cpu", torch_impl)]
+        record_rounds(out, "cpu_targets", run, env, alternated(cases, rounds, "targets"))
+        record_rounds(out, "cpu_targets", run, env, alternated([("naive", TARGETS[0][0], False, None)], 1, "naive"))
+    if "decode" in parts:
+        B, H, N, D = DECODE
+        cases = [(impl, (B, H, N, D), False, 1) for impl in ("flash_numba_cpu", torch_impl)]
+        record_rounds(out, "cpu_decode", run, env, alternated(cases, rounds, "decode"))
+    if "tiles" in parts:
+        from tqdm import tqdm
+        for tiles in tqdm(TILE_SWEEP, desc="tiles", unit="tile"):
+            r = run_worker(worker_args("flash_numba_cpu", STEPS_SHAPE, False, None, tiles))
+            B, H, N, D = STEPS_SHAPE
+            bench.append_record(out, benchmark="cpu_tiles", run=run, env=env, impl="flash_numba_cpu",
+                                shape=(B, H, N, N, D), dtype="float32", block_q=tiles[0], block_k=tiles[1],
+                                time_s=r["min_s"], times_s=r["times_s"])
+            tqdm.write(f"  tiles {tiles}: {r['min_s']:.3f} s (fastest of {len(r['times_s'])})")
+    print(f"records appended to {out}")
+
+
+def roofline_worker(runs=7):
+    """This machine's float32 matmul rate on every core and its copy bandwidth: the best of ``runs``.
+
+    The matmul is numpy's BLAS at n = 2048 (every core: the compute roof a
+    kernel on both cores can reach); the copy moves 256 MiB each way.  The
+    best run, since load from other programs only ever slows a run down.
+    """
+    import os
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((2048, 2048), dtype=np.float32) for _ in range(2))
+    c = np.empty_like(a)
+    src = np.ones(64 * 2 ** 20, np.float32)
+    dst = np.empty_like(src)
+    matmul, copy = [], []
+    for _ in range(runs):
+        start = time.perf_counter(); np.matmul(a, b, out=c); matmul.append(time.perf_counter() - start)
+        start = time.perf_counter(); np.copyto(dst, src); copy.append(time.perf_counter() - start)
+    print(json.dumps({"matmul_flops": 2 * 2048 ** 3 / min(matmul), "bandwidth": 2 * src.nbytes / min(copy),
+                      "matmul_runs_s": matmul, "copy_runs_s": copy, "threads": len(os.sched_getaffinity(0)),
+                      "what": f"numpy float32 matmul n=2048 and a 256 MiB copy, best of {runs} runs"}))
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         impl, B, H, N, D, causal = sys.argv[2], *map(int, sys.argv[3:8])
-        worker(impl, (B, H, N, D), bool(causal))
+        nq, br, bc = (list(map(int, sys.argv[8:11])) + [0, 0, 0])[:3]
+        worker(impl, (B, H, N, D), bool(causal), nq or None, (br, bc) if br else None)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--roofline":
+        roofline_worker()
+    elif len(sys.argv) > 1 and sys.argv[1] == "--parts":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--parts", nargs="+", choices=("roofline", "steps", "targets", "decode", "tiles"))
+        parser.add_argument("--rounds", type=int, default=3)
+        parser.add_argument("--out", type=Path, default=RECORDS)
+        parts_args = parser.parse_args()
+        run_parts(parts_args.parts, max(parts_args.rounds, 3), parts_args.out)
     else:
         main()

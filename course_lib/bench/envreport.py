@@ -15,7 +15,7 @@ import platform
 import sys
 from importlib import metadata
 
-from ..core.machine import cpu_cores, cpu_model, gpu
+from ..core.machine import cache_sizes, cpu_cores, cpu_model, gpu
 
 # Distributions whose versions decide what a notebook prints and compiles.
 PACKAGES = ("numpy", "numba", "numba-cuda", "ml_dtypes", "course_lib")
@@ -41,6 +41,7 @@ def collect() -> dict:
         "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
         "cpu": cpu_model(),
         "cpu_cores": cpu_cores(),
+        "cpu_caches": {f"L{level}": size for level, size in cache_sizes().items()},
         "gpu": gpu(),
         "impls": available_impls(),
         "date": datetime.date.today().isoformat(),

@@ -42,6 +42,29 @@ def cpu_cores() -> dict:
     return {"logical": total, "usable": usable}
 
 
+def cache_sizes() -> dict:
+    """Data cache bytes per core by level, e.g. {1: 32768, 2: 1048576, 3: 33554432}
+    (Linux sysfs; empty where the system does not say).  Level 3 is shared."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    sizes = {}
+    try:
+        for index in sorted(os.listdir(base)):
+            if not index.startswith("index"):
+                continue
+            with open(f"{base}/{index}/type") as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(f"{base}/{index}/level") as f:
+                level = int(f.read())
+            with open(f"{base}/{index}/size") as f:
+                size = f.read().strip()
+            units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+            sizes[level] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    except (OSError, ValueError):
+        pass
+    return sizes
+
+
 def simulator_enabled() -> bool:
     """True when numba's CUDA simulator replaces the GPU (NUMBA_ENABLE_CUDASIM=1).
 

@@ -48,6 +48,9 @@ class AttentionOptions:
 def _array(name, x):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain numpy array, got a masked array (its mask would be ignored); "
+                        "pass x.filled(...) or a mask through causal / window_size")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32, float64 or float8_e4m3fn, got dtype {x.dtype}")
     return x
@@ -71,6 +74,18 @@ def _check_heads(heads, heads_k, head_dim, k_head_dim, v_heads):
         raise ValueError(f"k must have q's head_dim {head_dim}, got {k_head_dim}")
     if heads_k == 0 and heads > 0 or heads_k > 0 and heads % heads_k != 0:
         raise ValueError(f"heads of q ({heads}) must be a multiple of heads of k/v ({heads_k}) for GQA/MQA")
+
+
+def _check_representable(opts, dtype):
+    """softmax_scale and softcap must survive the accumulation dtype (float32 for all but float64 inputs):
+    1e-50 would become 0 (a cap silently off), 1e39 infinity (NaN scores)."""
+    acc = rules.acc_dtype(dtype)
+    for name, value in (("softmax_scale", opts.softmax_scale), ("softcap", opts.softcap)):
+        with np.errstate(over="ignore", under="ignore"):
+            rounded = float(acc.type(value))
+        if value != 0 and (rounded == 0 or not math.isfinite(rounded)):
+            raise ValueError(f"{name} = {value:g} does not survive {acc.name}, the dtype {dtype} inputs are "
+                             f"computed in (it becomes {rounded:g}); use a value within {acc.name}'s range")
 
 
 def _is_int(x):
@@ -155,11 +170,15 @@ def _run(forward, q, k, v, opts):
     """Dense forward, handling shapes that leave no work for the impl."""
     batch, heads, seqlen_q, _ = q.shape
     seqlen_k, head_dim_v = k.shape[2], v.shape[3]
-    if batch * heads * seqlen_q * head_dim_v == 0 or seqlen_k == 0:
+    if batch * heads * seqlen_q == 0 or seqlen_k == 0:
         # Nothing to compute, or no key to see: every row is fully masked.
         out = np.zeros((batch, heads, seqlen_q, head_dim_v), dtype=rules.out_dtype(q.dtype))
         lse = np.full((batch, heads, seqlen_q), -np.inf, dtype=rules.lse_dtype(q.dtype))
         return out, lse
+    if head_dim_v == 0:
+        # No output columns, but lse still sums over the keys each row sees: run on one zero column.
+        _, lse = forward(q, k, np.zeros(v.shape[:3] + (1,), v.dtype), opts, opts.mask(seqlen_q, seqlen_k))
+        return np.zeros((batch, heads, seqlen_q, 0), dtype=rules.out_dtype(q.dtype)), lse
     return forward(q, k, v, opts, opts.mask(seqlen_q, seqlen_k))
 
 
@@ -180,6 +199,7 @@ def call_forward(forward, q, k, v, *, return_lse=False, **options):
     descales = {name: options.pop(name, None) for name in DESCALES}
     opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
     opts = replace(opts, descale=_descales(q.dtype, batch, k.shape[1], descales))
+    _check_representable(opts, q.dtype)
     out, lse = _run(forward, q, k, v, opts)
     return (out, lse) if return_lse else out
 
@@ -234,6 +254,7 @@ def call_forward_varlen(forward, q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_
                          f"{cq.size - 1} and {ck.size - 1} sequences")
     batch = cq.size - 1
     opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=return_lse, **_defaults(options))
+    _check_representable(opts, q.dtype)
     out = np.zeros((total_q, heads, v.shape[2]), dtype=q.dtype)
     lse = np.full((heads, total_q), -np.inf, dtype=rules.lse_dtype(q.dtype))
     for b in range(batch):

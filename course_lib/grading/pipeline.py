@@ -287,8 +287,10 @@ def grade_all(paths, course: Course, options: Options | None = None, jobs=1):
     if jobs <= 1:
         results = [grade(originals[p], course, options) for p in unique]
     else:
+        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         from functools import partial
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # spawn, not fork: a forked child cannot run numba's threaded kernels once the parent has
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             results = list(pool.map(partial(grade, course=course, options=options), [originals[p] for p in unique]))
     return results

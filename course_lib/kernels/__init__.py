@@ -13,7 +13,11 @@ impl                     what it changes                                        
 ``naive``                the same math in the input dtype (chapter 01)
 ``flash_numpy``          tiles + online softmax, FA2 loop order: O stays on chip (ch. 05)
 ``flash_numpy_fa1``      FA1's loop order: key tiles outside, O, l, m back to HBM each step
-``flash_numba_cpu``      chapter 08: ``flash_numpy``'s loops compiled, the tile plan on host
+``..._cpu_microkernel``  chapter 08: ``flash_numpy``'s loops compiled, a 4 x 2 micro-kernel
+``flash_numba_cpu_blas`` the two tile matmuls by ``np.dot`` inside njit (SciPy's BLAS)
+``..._cpu_rowvec``       a row's scores scaled, capped and masked with no branch per score
+``..._cpu_balanced``     work items heaviest first, handed out one at a time
+``flash_numba_cpu``      tiles sized by the L2; keys split across cores when items are few
 ``flash_numba_cuda``     chapter 09: one thread per query row, K / V tiles in shared memory
 ``cuda_row``             chapter 10 starts from chapter 09's kernel, unchanged                 16.2 / 8.9
 ``cuda_row_exp2``        base 2: log2(e) folded into the scale, ``exp2`` one ``ex2.approx``    16.6 / 9.0
@@ -77,13 +81,22 @@ def _step(name, what):
     return Impl("course_lib.kernels.cuda_steps", what, "forward", {"step": name}, cuda=True)
 
 
+def _cpu_step(name, what):
+    return Impl("course_lib.kernels.flash_numba_cpu", what, "flash_forward", {"step": name})
+
+
 IMPLS = {
     "reference": Impl("course_lib.core.reference", "float64 softmax(Q K^T) V: the truth every impl is checked on"),
     "naive": Impl("course_lib.kernels.naive", "the same math in the input dtype (chapter 01)"),
     "flash_numpy": Impl("course_lib.kernels.flash_numpy", "tiles and online softmax, FA2 loop order (chapter 05)"),
     "flash_numpy_fa1": Impl("course_lib.kernels.flash_numpy", "FA1's loop order: O, l, m back to HBM every step",
                             "flash_forward", {"loop_order": "fa1"}),
-    "flash_numba_cpu": Impl("course_lib.kernels.flash_numba_cpu", "flash_numpy's loops compiled (chapter 08)"),
+    "flash_numba_cpu_microkernel": _cpu_step("microkernel", "flash_numpy's loops compiled, a 4 x 2 micro-kernel"),
+    "flash_numba_cpu_blas": _cpu_step("blas", "tile matmuls by np.dot: SciPy's BLAS inside njit"),
+    "flash_numba_cpu_rowvec": _cpu_step("rowvec", "scores scaled and masked by whole-row loops, no branch"),
+    "flash_numba_cpu_balanced": _cpu_step("balanced", "heaviest work items first, one at a time"),
+    "flash_numba_cpu": Impl("course_lib.kernels.flash_numba_cpu",
+                            "tiles sized by the L2, keys split when items are few (chapter 08)"),
     "flash_numba_cuda": Impl("course_lib.kernels.flash_numba_cuda",
                              "one CUDA thread per query row, K / V tiles in shared memory (chapter 09)", cuda=True),
     "cuda_row": _step("row", "chapter 10's start: chapter 09's kernel, unchanged"),

@@ -1,0 +1,105 @@
+"""flash_numba_cpu's steps (chapter 08) and the conformance rules the CPU sweep found:
+lse with no value columns, option values that do not survive float32, tiles larger
+than the problem, masked arrays; the work order, the key split and its merge."""
+import numpy as np
+import pytest
+
+import course_lib
+from course_lib import checks
+from course_lib.core import rules
+from course_lib.core.options import attention_options
+from course_lib.kernels import flash_numba_cpu as fnc
+
+STEP_IMPLS = ["flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
+              "flash_numba_cpu_balanced", "flash_numba_cpu"]
+
+
+def qkv(shape_q, shape_kv, dv=None, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(shape_q).astype(dtype)
+    k = rng.standard_normal(shape_kv).astype(dtype)
+    v = rng.standard_normal(shape_kv[:3] + (dv or shape_kv[3],)).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("impl", ["reference", "naive", "flash_numpy", "flash_numba_cpu"])
+def test_no_value_columns_still_give_the_rows_lse(impl):
+    q, k, v = qkv((1, 2, 9, 8), (1, 2, 13, 8), dv=1)
+    _, want = course_lib.attention(q, k, v, impl="reference", causal=True, return_lse=True)
+    out, lse = course_lib.attention(q, k, v[..., :0], impl=impl, causal=True, return_lse=True)
+    assert out.shape == (1, 2, 9, 0)
+    np.testing.assert_allclose(lse, want, rtol=1e-5)
+    assert np.all(np.isfinite(lse))
+
+
+@pytest.mark.parametrize("name, value", [("softcap", 1e-50), ("softcap", 1e39), ("softmax_scale", 1e39),
+                                         ("softmax_scale", 1e-50)])
+def test_a_value_float32_cannot_hold_is_refused_by_name(name, value):
+    q, k, v = qkv((1, 1, 4, 8), (1, 1, 4, 8))
+    with pytest.raises(ValueError, match=f"{name} = .* does not survive float32"):
+        course_lib.attention(q, k, v, impl="flash_numba_cpu", **{name: value})
+
+
+def test_float64_inputs_keep_values_float32_cannot_hold():
+    q, k, v = qkv((1, 1, 4, 8), (1, 1, 4, 8), dtype=np.float64)
+    out = course_lib.attention(q, k, v, impl="flash_numba_cpu", softcap=1e-50)
+    checks.check_attention(out, q, k, v, softcap=1e-50)
+
+
+def test_a_masked_array_is_refused():
+    q, k, v = qkv((1, 1, 4, 8), (1, 1, 4, 8))
+    masked = np.ma.masked_array(k, mask=np.zeros_like(k, dtype=bool))
+    with pytest.raises(TypeError, match="k must be a plain numpy array, got a masked array"):
+        course_lib.attention(q, masked, v, impl="flash_numba_cpu")
+
+
+@pytest.mark.parametrize("impl", STEP_IMPLS)
+def test_a_tile_larger_than_the_problem_is_the_problem(impl):
+    q, k, v = qkv((1, 2, 33, 16), (1, 2, 45, 16))
+    out, lse = course_lib.attention(q, k, v, impl=impl, block_q=10 ** 8, block_k=10 ** 8, causal=True,
+                                    return_lse=True)
+    checks.check_attention(out, q, k, v, lse=lse, causal=True)
+
+
+def test_tile_sizes_fill_at_most_half_the_l2():
+    for l2 in (256 * 1024, 512 * 1024, 1024 * 1024, 4 * 1024 * 1024):
+        Br, Bc = fnc.tile_sizes_for(64, 64, 4, l2)
+        assert 4 * (Br * 64 + Bc * 128 + Br * Bc + 2 * Br * 64) <= l2 // 2
+    assert fnc.tile_sizes_for(64, 64, 4, 1024 * 1024) > fnc.tile_sizes_for(64, 64, 4, 256 * 1024)
+    assert fnc.tile_sizes_for(64, 64, 4, 16 * 1024) == (64, 64)    # never below the course's tile
+
+
+def test_balanced_items_go_heaviest_first():
+    tiles = np.array([[rules.FULL if c <= r else rules.EMPTY for c in range(4)] for r in range(4)], np.int8)
+    items = fnc.work_items(1, 2, tiles, 1, balanced=True)
+    cost = [int(np.count_nonzero(tiles[t] != rules.EMPTY)) for t in items[:, 2]]
+    assert cost == sorted(cost, reverse=True) and cost[0] == 4 and cost[-1] == 1
+    zigzag = fnc.work_items(1, 1, tiles, 1, balanced=False)
+    assert zigzag[:, 2].tolist() == [0, 3, 1, 2]
+    assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, fnc.work_items(1, 2, tiles, 1, False).tolist()))
+
+
+def test_decoding_splits_the_keys_and_few_items_only():
+    assert fnc.key_splits(1, 2, 1, 64, threads=2) == 4          # 2 items for 2 threads: 4 splits make 8
+    assert fnc.key_splits(8, 16, 1, 64, threads=2) == 1         # 128 items keep both cores busy
+    assert fnc.key_splits(1, 1, 1, 3, threads=2) == 3           # never more splits than key tiles
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_split_keys_merged_by_the_lse_rule_match_one_pass(splits):
+    q, k, v = qkv((2, 4, 1, 32), (2, 2, 300, 32), dv=16)
+    opts = attention_options(batch=2, heads=4, head_dim=32, block_k=32)
+    mask = opts.mask(1, 300)
+    out, lse = fnc.flash_forward(q, k, v, opts, mask, splits=splits)
+    whole, whole_lse = fnc.flash_forward(q, k, v, opts, mask, splits=1)
+    np.testing.assert_allclose(out, whole, atol=2e-6)
+    np.testing.assert_allclose(lse, whole_lse, atol=2e-6)
+    checks.check_attention(out, q, k, v, lse=lse, block_k=32)
+
+
+def test_a_split_that_sees_no_key_adds_nothing():
+    q, k, v = qkv((1, 1, 3, 8), (1, 1, 64, 8))
+    opts = attention_options(batch=1, heads=1, head_dim=8, block_k=8,
+                                                     window_size=(2, 0))
+    out, lse = fnc.flash_forward(q, k, v, opts, opts.mask(3, 64), splits=4)  # the first splits see nothing
+    checks.check_attention(out, q, k, v, lse=lse, window_size=(2, 0))
