@@ -139,12 +139,12 @@ def length_and_mask_groups(rounds, lengths):
     return out
 
 
-def conversion_group(rounds):
+def conversion_group(rounds, n=N):
     from course_lib.core import options
     from course_lib.kernels import flash_numba_cpu as kernel
     from course_lib.kernels import launch as host
     from course_lib import api
-    q16, k16, v16 = qkv(N, np.float16)
+    q16, k16, v16 = qkv(n, np.float16)
     grabbed = {}
 
     def grab(q, k, v, opts, mask):   # what a float16 call hands the compiled kernel
@@ -161,7 +161,7 @@ def conversion_group(rounds):
     times = alternate(calls, rounds)
     same = np.array_equal(kernel.run_kernel(rounded, q32, k32, v32)[0].astype(np.float16),
                           api.attention(q16, k16, v16, impl="flash_numba_cpu"))
-    return [dict(group="conversion", case=name, path="native", B=B, H=H, N=N, D=D, dtype="float16", mask="none",
+    return [dict(group="conversion", case=name, path="native", B=B, H=H, N=n, D=D, dtype="float16", mask="none",
                  round_bits=rounded.round_bits, rounded_kernel_is_the_float16_call=bool(same), **spread(ms))
             for name, ms in times.items()]
 
