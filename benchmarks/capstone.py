@@ -154,13 +154,14 @@ def conversion_group(rounds, n=N):
     rounded = grabbed["launch"]
     plain = dataclasses.replace(rounded, round_bits=0, round_min_exponent=0)
     q32, k32, v32 = grabbed["arrays"]
-    calls = {"float16 call": lambda: api.attention(q16, k16, v16, impl="flash_numba_cpu"),
+    blocks = dict(block_q=TILE[0], block_k=TILE[1])   # the launch above: the same tiles, the same sums
+    calls = {"float16 call": lambda: api.attention(q16, k16, v16, impl="flash_numba_cpu", **blocks),
              "inputs to float32 alone": lambda: [np.ascontiguousarray(x, np.float32) for x in (q16, k16, v16)],
              "kernel, P rounded to float16 in the loop": lambda: kernel.run_kernel(rounded, q32, k32, v32),
              "kernel, no rounding (the float32 launch)": lambda: kernel.run_kernel(plain, q32, k32, v32)}
     times = alternate(calls, rounds)
     same = np.array_equal(kernel.run_kernel(rounded, q32, k32, v32)[0].astype(np.float16),
-                          api.attention(q16, k16, v16, impl="flash_numba_cpu"))
+                          api.attention(q16, k16, v16, impl="flash_numba_cpu", **blocks))
     return [dict(group="conversion", case=name, path="native", B=B, H=H, N=n, D=D, dtype="float16", mask="none",
                  round_bits=rounded.round_bits, rounded_kernel_is_the_float16_call=bool(same), **spread(ms))
             for name, ms in times.items()]
