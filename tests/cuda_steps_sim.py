@@ -27,7 +27,7 @@ CASES = {
     "split_kv_causal": (1, 2, 1, 9, 40, 8, 8, {"causal": True}, 3),
     "decode_split_kv": (2, 2, 1, 1, 45, 16, 16, {}, 4),
 }
-CUDA_IMPLS = [name for name, impl in kernels.IMPLS.items() if impl.cuda]
+CUDA_IMPLS = [name for name, impl in kernels.IMPLS.items() if impl.cuda and not impl.gpu_only]
 
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, seed):

@@ -32,6 +32,9 @@ impl                     what it changes                                        
 ``cuda_tiled_vec4``      128 x 64 tiles over 256 threads (``tiled_aligned``: 64 x 32, 128)    25.6 / 13.9
 ``cuda_tiled_staged``    every K / V load of a tile in flight at once, a tile ahead           30.4 / 33.6
 ``cuda_tuned``           ``cuda_tiled_staged`` with tile sizes and threads autotuned per D    30.6 / 33.6
+``cuda_mma_f16``         fp16 / bf16 on the tensor cores (mma.sync inline PTX), P in registers 58.9 / 80.4 +
+``cuda_mma_tf32``        float32 as one TF32 product: fails float32's tolerance, on purpose    8.6 /  7.3 +
+``cuda_mma_3xtf32``      float32 as three TF32 products (hi hi + hi lo + lo hi): float32's     25.3 / 17.4 +
 =======================  ===================================================================  ===========
 
 TFLOP/s: D = 64 / D = 128, float32, B*H = 64, N = 4096, not causal, CUDA events
@@ -40,7 +43,11 @@ run 20261201T142142+0000; in the same run naive torch fp32 22.6 / 31.8, SDPA
 efficient fp32 35.1 / 45.1); * the steps that split ``tiled_prefetch`` -> ``tiled_vec4`` into
 one change each, medians of 5 alternated rounds of their own run
 (notebooks/records/gpu_steps_chain.jsonl, where ``tiled_prefetch`` ran 13.4 / 10.5 and
-``tiled_vec4`` 24.9 / 13.7).  ``cuda_tuned`` is 1.36x / 1.06x naive torch and
+``tiled_vec4`` 24.9 / 13.7); + the tensor-core steps (chapter 11's GPU half,
+``cuda_steps.tensor_core``), notebooks/records/gpu_mma.jsonl: ``cuda_mma_f16`` in float16 and
+``cuda_mma_3xtf32`` tuned in run 20261202T063651+0000 (torch_sdpa_flash fp16 288.6 / 346.0,
+torch_sdpa_efficient fp32 34.7 / 45.8 in that run), ``cuda_mma_tf32`` untuned in run
+20261202T062533+0000.  They are inline PTX: a real GPU only, never a simulator (``gpu_only``).  ``cuda_tuned`` is 1.36x / 1.06x naive torch and
 0.87x / 0.74x SDPA efficient; causal at N = 8192 runs 1.98x / 1.99x faster than
 non-causal; decode split-KV (splits from ``cuda_steps.decode_splits``) 5.4x /
 4.7x faster than one block per row.  The CPU impls' times are in
@@ -75,10 +82,16 @@ class Impl:
     function: str = "attention_forward"      # the function's name in the module
     options: dict = field(default_factory=dict)   # keyword arguments bound to it
     cuda: bool = False                       # a CUDA kernel: float32 only, simulated (small shapes) without a GPU
+    gpu_only: bool = False                   # inline PTX (the tensor cores): a real GPU only, no simulator
 
 
 def _step(name, what):
     return Impl("course_lib.kernels.cuda_steps", what, "forward", {"step": name}, cuda=True)
+
+
+def _mma_step(name, what):
+    return Impl("course_lib.kernels.cuda_steps.tensor_core", what, "mma_forward", {"step": name}, cuda=True,
+                gpu_only=True)
 
 
 def _cpu_step(name, what):
@@ -112,6 +125,9 @@ IMPLS = {
     "cuda_tiled_vec4": _step("tiled_vec4", "128 x 64 tiles over 256 threads (tiled_aligned: 64 x 32 over 128)"),
     "cuda_tiled_staged": _step("tiled_staged", "every K / V load of a tile in flight at once, a tile ahead"),
     "cuda_tuned": _step("tuned", "tiled_staged with tile sizes and threads autotuned per head dim"),
+    "cuda_mma_f16": _mma_step("mma_f16", "float16 / bfloat16 on the tensor cores: mma.sync, P kept in registers"),
+    "cuda_mma_tf32": _mma_step("mma_tf32", "float32 on the tf32 tensor cores, one product: not float32's accuracy"),
+    "cuda_mma_3xtf32": _mma_step("mma_3xtf32", "float32 as three tf32 products (hi hi + hi lo + lo hi): float32's accuracy"),
 }
 
 # The backward impls (chapter 12): each an ``attention_backward(q, k, v, out, lse, dout, opts, mask)``

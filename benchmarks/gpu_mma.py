@@ -1,0 +1,321 @@
+"""The tensor-core steps (``cuda_steps.tensor_core``) on a GPU: checked, then timed beside PyTorch in one run.
+
+    python benchmarks/gpu_mma.py --out notebooks/records/gpu_mma.jsonl [--parts check resources time causal decode]
+
+Needs a CUDA GPU (sm_80 or newer), numba-cuda and torch; a benchmark, not a test.
+
+- ``check``: every step (``mma_f16`` on float16 and on bfloat16, ``mma_tf32``, ``mma_3xtf32`` on float32)
+  against the float64 reference through ``checks.check_attention`` (the tolerance grounded on a naive
+  kernel of the same dtype) at awkward shapes: tails, Nq != Nk, odd head dims, GQA / MQA, causal both
+  ways, windows, softcap + ALiBi, rows that see no key, split-KV; ``mma_tf32`` (one TF32 product: what
+  ``allow_tf32`` gives) is expected to FAIL the float32 rule: it is the step that shows why 3xTF32.
+- ``resources``: registers, spills (local memory) and shared memory of each kernel.
+- ``time``: B*H = 64, N = 4096, D = 64 / 128, causal or not: mma_f16 beside torch_sdpa_flash and
+  torch_sdpa_cudnn in fp16; mma_3xtf32 beside torch_sdpa_efficient (3xTF32 itself), torch_naive
+  (TF32 off: SIMT) and chapter 10's cuda_tuned (SIMT) in fp32.  CUDA events, warm-up, median of 20.
+- ``causal``: mma_f16 causal vs not at N = 8192.
+- ``decode``: Nq = 1, Nk = 32K, B = 8, H = 16, D = 128, fp16: splits swept, beside torch_sdpa_flash.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from course_lib import bench, checks  # noqa: E402
+from course_lib.core import rules  # noqa: E402
+from course_lib.core.options import call_forward  # noqa: E402
+from course_lib.kernels.cuda_steps import tensor_core as tc  # noqa: E402
+
+OUT = RUN = ENV = None
+REPEATS = 20
+STEP_DTYPES = [("mma_f16", "float16"), ("mma_f16", "bfloat16"), ("mma_tf32", "float32"), ("mma_3xtf32", "float32")]
+if "--quick-check" in sys.argv:
+    sys.argv.remove("--quick-check")
+    STEP_DTYPES = [("mma_f16", "float16"), ("mma_3xtf32", "float32")]
+# name: (B, H, Hk, Nq, Nk, D, Dv, options, splits)
+CASES = {
+    "tails_gqa_causal": (1, 4, 2, 21, 27, 16, 16, {"causal": True}, 1),
+    "nq_gt_nk_odd_dims": (1, 2, 2, 19, 9, 7, 5, {}, 1),
+    "nq_lt_nk_window_mqa": (1, 3, 1, 5, 30, 8, 6, {"window_size": (4, 2)}, 1),
+    "softcap_alibi_causal_top_left": (2, 2, 2, 13, 11, 8, 8,
+                                      {"softcap": 1.5, "causal": True, "causal_align": "top_left",
+                                       "alibi_slopes": [0.5, 0.1]}, 1),
+    "empty_rows": (1, 2, 2, 12, 9, 4, 4, {"window_size": (0, 0), "causal_align": "top_left"}, 1),
+    "nk_below_one_tile": (1, 2, 1, 11, 3, 8, 8, {}, 1),
+    "long_tails_d64": (2, 4, 2, 300, 333, 64, 64, {}, 1),
+    "causal_d128_tails": (1, 4, 4, 257, 391, 128, 128, {"causal": True}, 1),
+    "window_d96": (1, 2, 1, 200, 200, 96, 80, {"window_size": (37, 5)}, 1),
+    "split_kv_causal": (1, 2, 1, 9, 400, 64, 64, {"causal": True}, 3),
+    "decode_split_kv": (2, 2, 1, 1, 1000, 128, 128, {}, 4),
+}
+
+
+def log(*parts):
+    print(*parts, flush=True)
+
+
+def write(rec):
+    rec = {"run": RUN, "run_id": RUN, "environment": ENV, **rec}
+    OUT.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+    OUT.flush()
+
+
+def problem(B, H, Hk, Nq, Nk, D, Dv, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = rules.ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    return tuple(rng.standard_normal(s).astype(np.float32).astype(dt)
+                 for s in ((B, H, Nq, D), (B, Hk, Nk, D), (B, Hk, Nk, Dv)))
+
+
+def part_check():
+    for step, dtype in STEP_DTYPES:
+        for name, (B, H, Hk, Nq, Nk, D, Dv, options, splits) in CASES.items():
+            q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, dtype)
+            opts = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
+            try:
+                out, lse = tc.attention(q, k, v, step=step, splits=splits, return_lse=True, **opts)
+                assert out.dtype == q.dtype, f"out is {out.dtype}, not the input's {q.dtype}"
+                checks.check_attention(out, q, k, v, lse=lse, **opts)
+                if name == "empty_rows":
+                    assert np.isneginf(lse[:, :, Nk:]).all() and (out[:, :, Nk:] == 0).all()
+                verdict = "PASS"
+            except AssertionError as error:
+                verdict = "FAIL " + (str(error).splitlines() or [""])[0][:300]
+            except Exception as error:  # noqa: BLE001
+                verdict = f"ERROR {type(error).__name__}: {str(error)[:300]}"
+            log(f"check {step} {dtype} {name}: {verdict}")
+            write({"benchmark": "gpu_mma_check", "impl": f"cuda_{step}", "dtype": dtype, "case": name,
+                   "shape": [B, H, Hk, Nq, Nk, D, Dv], "options": options, "splits": splits, "verdict": verdict})
+
+
+def part_resources():
+    for kind, D in (("f16", 64), ("f16", 128), ("bf16", 128), ("tf32x1", 64), ("tf32x3", 64), ("tf32x3", 128)):
+        step = {"f16": "mma_f16", "bf16": "mma_f16", "tf32x1": "mma_tf32", "tf32x3": "mma_3xtf32"}[kind]
+        dtype = {"f16": "float16", "bf16": "bfloat16"}.get(kind, "float32")
+        q, k, v = problem(1, 2, 2, 128, 128, D, D, dtype)
+        tc.attention(q, k, v, step=step)
+        tiling = tc.default_tiling(kind, D, D)
+        kernel = tc.make_mma_kernel(kind, tiling, D, D)
+        one = lambda values: list(values.values())[0] if isinstance(values, dict) else values  # noqa: E731
+        rec = {"benchmark": "gpu_mma_resources", "impl": f"cuda_{step}", "kind": kind, "D": D,
+               "tiling": {"warps": tiling.warps, "Bc": tiling.Bc, "Br": tiling.Br},
+               "registers": one(kernel.get_regs_per_thread()), "local_bytes": one(kernel.get_local_mem_per_thread()),
+               "shared_bytes": one(kernel.get_shared_mem_per_block())}
+        log(rec)
+        write(rec)
+
+
+def flops(B, H, Nq, Nk, D, causal):
+    pairs = Nq * Nk if not causal else sum(min(Nk, Nk - Nq + i + 1) for i in range(Nq))
+    return 4.0 * B * H * pairs * D
+
+
+def mma_call(step, q, k, v, splits=1, tiling=None, **options):
+    """A zero-argument callable launching ``step`` on device copies of q, k, v (the conversion outside)."""
+    got = {}
+    tiling = tiling or TUNED_RUN.get((step, q.shape[-1]))
+
+    def grab(q, k, v, opts, mask):
+        got["go"] = tc.launcher(step, q, k, v, opts, mask, splits=splits, tiling=tiling)
+        return np.zeros(1), np.zeros(1)
+    call_forward(grab, q, k, v, **options)
+    go, out, lse = got["go"]
+    return go, out, lse
+
+
+def timed(label, fn, shape, dtype, causal, what, extra=None):
+    fn()
+    median, times = bench.cuda_time_it(fn, REPEATS, warmup=3)
+    B, H, Nq, Nk, D = shape
+    rec = {"benchmark": label, "impl": what[0], "runs_on": what[1], "dtype": dtype, "causal": causal,
+           "shape": list(shape), "B": B, "H": H, "Nq": Nq, "Nk": Nk, "D": D, "median_s": median,
+           "times_ms": times, "flops": flops(B, H, Nq, Nk, D, causal), "layer": "kernel",
+           "tflops": flops(B, H, Nq, Nk, D, causal) / median / 1e12, **(extra or {})}
+    log(f"{label} {what[0]:24s} {dtype:9s} causal={causal} {shape}: {median * 1e3:8.3f} ms "
+        f"{rec['tflops']:7.1f} TFLOP/s")
+    write(rec)
+    return median
+
+
+def torch_inputs(q, k, v, dtype):
+    import torch
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    return tuple(torch.from_numpy(np.asarray(x, np.float32)).to("cuda", dt) for x in (q, k, v))
+
+
+def peers(q, k, v, dtype, causal, names):
+    from course_lib.bench.peers import torch_calls
+    calls = torch_calls(*torch_inputs(q, k, v, dtype), causal)
+    return {n: calls[n] for n in names}
+
+
+PEER_RUNS_ON = {"torch_sdpa_flash": "FlashAttention-2, fp16/bf16 tensor cores",
+                "torch_sdpa_cudnn": "cuDNN, fp16/bf16 tensor cores",
+                "torch_sdpa_efficient": "CUTLASS, 3xTF32 tensor cores",
+                "torch_naive": "cuBLAS SIMT (TF32 off) + softmax, S in HBM"}
+
+
+TIME_HALVES = ("float16", "bfloat16")
+TIME_TF32 = (("mma_3xtf32", "mma.sync m16n8k8 tf32, 3 products"),
+             ("mma_tf32", "mma.sync m16n8k8 tf32, 1 product (not float32-accurate)"))
+if "--tuned-only" in sys.argv:    # the tuned run: the steps the variants part tunes, nothing else
+    sys.argv.remove("--tuned-only")
+    TIME_HALVES, TIME_TF32 = ("float16",), TIME_TF32[:1]
+
+
+def part_time(shapes=((4, 16, 4096, 4096, 64), (4, 16, 4096, 4096, 128))):
+    import gpu_steps
+    for shape in shapes:
+        B, H, Nq, Nk, D = shape
+        for causal in (False, True):
+            q, k, v = problem(B, H, H, Nq, Nk, D, D, "float32", seed=1)
+            for dtype in TIME_HALVES:
+                qh, kh, vh = (x.astype(rules.ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+                              for x in (q, k, v))
+                go = mma_call("mma_f16", qh, kh, vh, causal=causal)[0]
+                timed("gpu_mma_time", go, shape, dtype, causal, ("cuda_mma_f16", "mma.sync m16n8k16, fp32 accumulation"))
+                for n, fn in peers(q, k, v, dtype, causal, ["torch_sdpa_flash", "torch_sdpa_cudnn"]).items():
+                    timed("gpu_mma_time", fn, shape, dtype, causal, (n, PEER_RUNS_ON[n]))
+            for step, runs in TIME_TF32:
+                go = mma_call(step, q, k, v, causal=causal)[0]
+                timed("gpu_mma_time", go, shape, "float32", causal, (f"cuda_{step}", runs))
+            gp = gpu_steps.Problem(B, H, Nq, Nk, D, seed=1)
+            fn = gp.call("tuned", causal=causal)[1]
+            timed("gpu_mma_time", fn, shape, "float32", causal, ("cuda_tuned", "SIMT fp32 (chapter 10)"))
+            import torch
+            torch.backends.cuda.matmul.allow_tf32 = False
+            for n, fn in peers(q, k, v, "float32", causal, ["torch_sdpa_efficient", "torch_naive"]).items():
+                timed("gpu_mma_time", fn, shape, "float32", causal, (n, PEER_RUNS_ON[n]))
+
+
+def part_causal():
+    shape = (2, 16, 8192, 8192, 128)
+    q, k, v = problem(2, 16, 16, 8192, 8192, 128, 128, "float16", seed=2)
+    for D in (64, 128):
+        sh = (*shape[:4], D)
+        qd, kd, vd = q[..., :D], k[..., :D], v[..., :D]
+        for causal in (False, True):
+            go = mma_call("mma_f16", qd, kd, vd, causal=causal)[0]
+            timed("gpu_mma_causal", go, sh, "float16", causal, ("cuda_mma_f16", "mma.sync m16n8k16"))
+            for n, fn in peers(qd, kd, vd, "float16", causal, ["torch_sdpa_flash"]).items():
+                timed("gpu_mma_causal", fn, sh, "float16", causal, (n, PEER_RUNS_ON[n]))
+
+
+def part_decode():
+    B, H, Nk, D = 8, 16, 32768, 128
+    q, k, v = problem(B, H, H, 1, Nk, D, D, "float16", seed=3)
+    for splits in (1, 4, 8, 16, 32, 64):
+        go = mma_call("mma_f16", q, k, v, splits=splits)[0]
+        timed("gpu_mma_decode", go, (B, H, 1, Nk, D), "float16", False, ("cuda_mma_f16", "mma.sync m16n8k16"),
+              {"splits": splits})
+    for n, fn in peers(q, k, v, "float16", False, ["torch_sdpa_flash", "torch_sdpa_cudnn"]).items():
+        timed("gpu_mma_decode", fn, (B, H, 1, Nk, D), "float16", False, (n, PEER_RUNS_ON[n]))
+
+
+def part_sanitize():
+    """A few small launches of each kernel, for compute-sanitizer (memcheck, racecheck, synccheck)."""
+    for step, dtype in (("mma_f16", "float16"), ("mma_3xtf32", "float32")):
+        for name in ("long_tails_d64", "softcap_alibi_causal_top_left", "split_kv_causal"):
+            B, H, Hk, Nq, Nk, D, Dv, options, splits = CASES[name]
+            q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, dtype)
+            opts = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
+            out, lse = tc.attention(q, k, v, step=step, splits=splits, return_lse=True, **opts)
+            checks.check_attention(out, q, k, v, lse=lse, **opts)
+            log(f"sanitize {step} {name}: ran")
+
+
+RUN_FLAGS = [f for f in ("--staged-only",) if f in sys.argv]
+for _f in RUN_FLAGS:
+    sys.argv.remove(_f)
+TUNED_RUN = {}    # (step, D) -> the tiling the variants part measured fastest (this run's autotune)
+TUNE_CHECK = {64: "long_tails_d64", 128: "causal_d128_tails"}
+
+
+def variants_of(kind, D):
+    """The tilings tried: the default and one change each (loads staged or not, the next tile prefetched,
+    8 warps instead of 4, fewer keys a tile: fewer registers)."""
+    from dataclasses import replace
+    base = tc.default_tiling(kind, D, D)
+    out = [] if "--staged-only" in RUN_FLAGS else [replace(base, staged=False, prefetch=False),
+                                                     replace(base, staged=True, prefetch=True)]
+    for warps in (4, 8):
+        for Bc in sorted({base.Bc, base.Bc // 2}, reverse=True):
+            t = tc.MmaTiling(warps, Bc, staged=True, prefetch=False)
+            if t not in out and tc.shared_bytes(kind, t, D, D) <= 48 * 1024:
+                out.append(t)
+    return out
+
+
+def part_variants():
+    """Each tiling checked (check_attention at an awkward shape of the same head dim, and against the first
+    tiling's output at the timed shape), then timed; the fastest per (step, D) is this run's choice."""
+    for D in (64, 128):
+        shape = (4, 16, 4096, 4096, D)
+        q, k, v = problem(4, 16, 16, 4096, 4096, D, D, "float32", seed=1)
+        for step, dtype in (("mma_f16", "float16"), ("mma_3xtf32", "float32")):
+            x = tuple(a.astype(np.float16) if dtype == "float16" else a for a in (q, k, v))
+            kind = tc.kind_of(step, x[0].dtype)
+            ref, best = None, None
+            for tiling in variants_of(kind, D):
+                tdict = {"warps": tiling.warps, "Bc": tiling.Bc, "staged": tiling.staged, "prefetch": tiling.prefetch}
+                try:
+                    B, H, Hk, Nq, Nk, Dc, Dvc, options, splits = CASES[TUNE_CHECK[D]]
+                    qc, kc, vc = problem(B, H, Hk, Nq, Nk, Dc, Dvc, dtype)
+                    out, lse = tc.attention(qc, kc, vc, step=step, tiling=tiling, return_lse=True, **options)
+                    checks.check_attention(out, qc, kc, vc, lse=lse, **options)
+                    go, out, _ = mma_call(step, *x, tiling=tiling)
+                    go()
+                    got = out.copy_to_host()
+                    ref = got if ref is None else ref
+                    same = float(np.max(np.abs(got - ref)))
+                    t = timed("gpu_mma_variants", go, shape, dtype, False, (f"cuda_{step}", "mma.sync"),
+                              {"tiling": tdict, "max_diff_to_first": same, "check": f"PASS {TUNE_CHECK[D]}"})
+                    if same <= 1e-3 and (best is None or t < best[0]):
+                        best = (t, tiling)
+                except Exception as error:  # noqa: BLE001
+                    log(f"variant {step} D={D} {tiling}: {type(error).__name__}: {str(error)[:300]}")
+                    write({"benchmark": "gpu_mma_variants", "impl": f"cuda_{step}", "D": D, "tiling": tdict,
+                           "error": f"{type(error).__name__}: {str(error)[:500]}"})
+            if best is not None:
+                TUNED_RUN[step, D] = best[1]
+                write({"benchmark": "gpu_mma_tuned", "impl": f"cuda_{step}", "D": D,
+                       "tiling": {"warps": best[1].warps, "Bc": best[1].Bc, "staged": best[1].staged,
+                                  "prefetch": best[1].prefetch}, "median_s": best[0]})
+
+
+PARTS = {"check": part_check, "resources": part_resources, "time": part_time, "causal": part_causal,
+         "decode": part_decode, "variants": part_variants, "sanitize": part_sanitize}
+
+
+def main():
+    global OUT, RUN, ENV
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--parts", nargs="+", default=[p for p in PARTS if p != "sanitize"], choices=list(PARTS))
+    args = parser.parse_args()
+    import gpu_steps
+    RUN = time.strftime("%Y%m%dT%H%M%S+0000", time.gmtime())
+    ENV = gpu_steps.environment()
+    with open(args.out, "a") as OUT:
+        for part in args.parts:
+            t0 = time.time()
+            try:
+                PARTS[part]()
+            except Exception:  # noqa: BLE001
+                log(f"part {part} failed:\n{traceback.format_exc()}")
+                write({"benchmark": f"gpu_mma_{part}", "error": traceback.format_exc()[-2000:]})
+            log(f"part {part}: {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

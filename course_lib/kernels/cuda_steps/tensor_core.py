@@ -1,0 +1,571 @@
+"""Steps ``mma_f16`` and ``mma_3xtf32``: both tile matmuls on the tensor cores, FlashAttention-2's way.
+
+Every step before this one computes S = Q K^T and O += P V with one FMA per
+multiply-add, about 67 TFLOP/s on an H200 however well it is fed.  A tensor
+core does a whole 16 x 8 x 16 product per warp-wide instruction (``mma.sync``,
+course_lib.kernels.cuda_steps.mma), an order of magnitude faster, if the
+operands are halves (float16 / bfloat16) or tf32.  The kernel is FA2's:
+
+- a block is ``warps`` warps; each warp owns 16 query rows, and its Q
+  fragments stay in registers for the whole kernel (no shared memory for Q);
+- each K / V tile of ``Bc`` keys is loaded by the whole block into shared
+  memory (rows padded by 4 words: a warp's fragment loads hit 32 different
+  banks);
+- S (16 x Bc per warp) is ``Bc / 8`` accumulator fragments; the rules (scale,
+  softcap, ALiBi, the mask on PARTIAL and tail tiles) are applied to them where
+  they are, element (row, column) being ``mma.c_elem(lane, reg)``;
+- the row max and sum: a row's 16 x 8 fragments live on the 4 lanes of a quad,
+  so two ``shfl_xor`` (1, 2) finish each reduction: no shared memory, no barrier;
+- P goes from S's accumulators straight into P V's A fragments (two floats
+  packed into one word of halves: ``mma``'s register reuse), so P never leaves
+  the registers either;
+- O (16 x Dv per warp) is ``Dv / 8`` accumulator fragments, in float32.
+
+``mma_f16`` takes float16 or bfloat16 inputs (one m16n8k16 per 16 x 8 x 16)
+and rounds P to the input dtype before P V, as ``core.rules`` says every
+low-precision kernel does.  For P V's B fragments the V tile is stored
+transposed (a word holds two keys of one output dim: ``mma.low_halves``).
+
+``mma_3xtf32`` takes float32 and keeps float32 accuracy on the tf32 tensor
+cores as PyTorch's efficient kernel does: every operand is split into a tf32
+high part and its remainder, x = hi + lo, and a b = hi_a hi_b + hi_a lo_b +
+lo_a hi_b (three m16n8k8, the lo lo term below float32's rounding).  P's
+accumulators are not in A's layout for m16n8k8; the keys of each 8-key chunk
+are taken in the order (0, 2, 4, 6, 1, 3, 5, 7) by A and by B alike, which
+puts them there (a sum does not care in which order its terms come).
+
+Tiles skipped, split-KV and the launch are ``run``'s (the same visit lists,
+the same (out, lse) partials and merge).  Inline PTX runs on a GPU only: not in
+numba's simulator, not in cudacheck (``available``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+try:
+    import numba
+    from numba import cuda, float32, uint32
+except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are unavailable
+    numba = None
+
+from ...core import rules
+from ...core.options import call_forward
+from ...core.reference import nan_lse_where_out_is_nan
+from .. import launch as host
+from .device import on_gpu
+from .tiling import STATIC_SHARED
+
+if numba is not None:
+    from . import mma
+    from .device import alibi_distance, finalize, max_nan, rescale_exp2, shift_of, softcap, visible
+
+KINDS = ("f16", "bf16", "tf32x1", "tf32x3")
+INPUT_DTYPE = {"f16": np.dtype(np.float16), "bf16": np.dtype(rules.ml_dtypes.bfloat16),
+               "tf32x1": np.dtype(np.float32), "tf32x3": np.dtype(np.float32)}
+STEPS = ("mma_f16", "mma_tf32", "mma_3xtf32")
+
+
+# How P leaves S's accumulators for P V's A fragment (tests/test_tensor_core.py checks both against
+# mma's fragment tables):
+# - halves (m16n8k16): A register r = (which of the chunk's two 8-key tiles of S, the C float packed into
+#   its lower half, the one into its upper half);
+HALF_A = ((0, 0, 1), (0, 2, 3), (1, 0, 1), (1, 2, 3))
+# - tf32 (m16n8k8): A register r is C float TF32_A[r] of the chunk's one 8-key tile, when A's word w is
+#   taken to be key tf32_key(w) of the chunk (B's word w too: the sum over keys is the same in any order).
+TF32_A = (0, 2, 1, 3)
+
+
+def tf32_key(w):
+    """The key (0-7) of an 8-key chunk that A's and B's word ``w`` stand for in 3xTF32's P V."""
+    return 2 * w if w < 4 else 2 * (w - 4) + 1
+
+
+def available() -> bool:
+    """Inline PTX needs a real GPU (sm_80 or newer for these mma shapes)."""
+    return numba is not None and on_gpu()
+
+
+@dataclass(frozen=True)
+class MmaTiling:
+    """The compile-time shape of a tensor-core kernel: ``warps`` warps of 16 query rows, ``Bc`` keys."""
+
+    warps: int = 4
+    Bc: int = 64
+    staged: bool = True      # a thread's K / V words all loaded before any is stored (False: one at a time)
+    prefetch: bool = True    # and the next tile's loaded during this one (registers: Bc * (D + Dv) / threads words)
+
+    @property
+    def Br(self):
+        return 16 * self.warps
+
+    @property
+    def threads(self):
+        return 32 * self.warps
+
+
+def padded(n, kind):
+    """A head dim rounded up to what the fragments take: 16 halves or 8 tf32s per k chunk (zeros added
+    to q and k leave Q K^T unchanged; added to v, they make output dims nobody writes back)."""
+    step = 8 if kind.startswith("tf32") else 16
+    return -(-n // step) * step
+
+
+# The tilings measured fastest on the H200 at B*H = 64, N = 4096 (notebooks/records/gpu_mma.jsonl,
+# benchmark gpu_mma_tuned, run 20261202T063651+0000), each checked there at an awkward shape of its head dim.
+TUNED = {("f16", 64): MmaTiling(4, 64, staged=True, prefetch=False),
+         ("f16", 128): MmaTiling(8, 64, staged=True, prefetch=False),
+         ("tf32x3", 64): MmaTiling(8, 32, staged=True, prefetch=False),
+         ("tf32x3", 128): MmaTiling(8, 16, staged=True, prefetch=False)}
+
+
+def default_tiling(kind, D, Dv):
+    """``TUNED``'s tiling where one was measured (D = Dv = 64 or 128); otherwise 4 warps of 16 rows, 64
+    keys a tile, 32 for tf32 at the larger head dims (its float32 K and V tiles must fit the 48 KB of
+    static shared memory), the next tile prefetched where its words fit the registers (head dims up to 64)."""
+    if D == Dv and (kind, D) in TUNED:
+        return TUNED[kind, D]
+    words = padded(max(D, Dv), kind) // (1 if kind.startswith("tf32") else 2)
+    tiling = MmaTiling(4, 32 if words > 64 else 64, prefetch=max(D, Dv) <= 64)
+    while shared_bytes(kind, tiling, D, Dv) > STATIC_SHARED and tiling.Bc > 16:    # large head dims
+        tiling = replace(tiling, Bc=tiling.Bc // 2)
+    return tiling
+
+
+def shared_bytes(kind, tiling, D, Dv):
+    """Static shared memory of one block: the K tile and the V tile, 4-byte words, rows padded by 4."""
+    Bc, Dp, Ep = tiling.Bc, padded(D, kind), padded(Dv, kind)
+    if kind.startswith("tf32"):
+        return 4 * (Bc * (Dp + 4) + Bc * (Ep + 4))
+    return 4 * (Bc * (Dp // 2 + 4) + Ep * (Bc // 2 + 4))
+
+
+_KERNELS = {}
+
+
+def unroll(n, body):
+    """A device function ``run(*args)`` that calls ``body(i, *args)`` for i = 0, 1, ..., n - 1, written out:
+    i is a constant in every call.  Numba cannot be told to unroll a loop, and LLVM unrolls only short
+    bodies; a fragment indexed by a loop counter that is not unrolled lives in local memory, not in
+    registers (ptxas -v's "stack frame").  The 3xTF32 products (three mma and six splits a step) are too
+    long for LLVM, so they are written out this way."""
+    return _unroll(body, 0, n)
+
+
+def _unroll(body, start, n):
+    """body(i, *args) for i in [start, start + n): halves, so that typing recurses log2(n) deep, not n."""
+    if n == 1:
+        @cuda.jit(device=True, forceinline=True)
+        def one(*args):
+            body(start, *args)
+        return one
+    first, second = _unroll(body, start, n // 2), _unroll(body, start + n // 2, n - n // 2)
+
+    @cuda.jit(device=True, forceinline=True)
+    def both(*args):
+        first(*args)
+        second(*args)
+    return both
+
+
+def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
+    """The tensor-core forward for ``kind`` ("f16", "bf16" or "tf32x3"), built once per shape."""
+    key = (kind, tiling, D, Dv)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if shared_bytes(kind, tiling, D, Dv) > STATIC_SHARED or tiling.Bc % 16:
+        raise ValueError(f"{tiling} at D={D}, Dv={Dv} takes {shared_bytes(kind, tiling, D, Dv)} bytes of shared "
+                         f"memory (at most 49152) or Bc is not a multiple of 16")
+    TF32 = kind.startswith("tf32")
+    THREE = kind == "tf32x3"
+    mma_op = {"f16": mma.mma_f16, "bf16": mma.mma_bf16, "tf32x1": mma.mma_tf32, "tf32x3": mma.mma_tf32}[kind]
+    pack = mma.pack_bf16 if kind == "bf16" else mma.pack_f16
+    Bc, NTH, W = tiling.Bc, tiling.threads, tiling.warps
+    Br = tiling.Br
+    DW = padded(D, kind) // (1 if TF32 else 2)      # words per row of q and k
+    EP = padded(Dv, kind)                           # output dims computed
+    VW = EP // (1 if TF32 else 2)                   # words per row of v
+    KC = DW // 8                                    # 8-word k chunks of S = Q K^T
+    NT = Bc // 8                                    # 8-key column tiles of S
+    NE = EP // 8                                    # 8-dim column tiles of O
+    PC = Bc // 8 if TF32 else Bc // 16              # k chunks of O += P V
+    KSTRIDE = DW + 4
+    NKW = -(-Bc * DW // NTH)                        # K words a thread fetches per tile
+    NVW = -(-Bc * VW // NTH) if TF32 else -(-(Bc // 2) * VW // NTH)   # V words (pairs of words for halves)
+    STAGED, PREFETCH = tiling.staged, tiling.prefetch
+    VROWS, VCOLS = (Bc, EP + 4) if TF32 else (EP, Bc // 2 + 4)
+    NEG_INF = float32(-math.inf)
+    LN2 = float32(rules.LN2)
+    ALL = 0xFFFFFFFF
+    a_word, b_word, c_elem = mma.a_word_gpu, mma.b_word_gpu, mma.c_elem_gpu
+    key_of = cuda.jit(device=True)(tf32_key)
+    to_tf32, float_of = mma.to_tf32, mma.float_of
+
+    @cuda.jit(device=True, inline=True)
+    def split(w):
+        """A float32 (its word) -> (hi, lo): hi its tf32, lo the tf32 of what hi leaves out."""
+        x = float_of(w)
+        hi = to_tf32(x)
+        return hi, to_tf32(x - float_of(hi))
+
+    @cuda.jit(device=True, inline=True)
+    def product(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """C + A B on the tensor cores: one mma (plain TF32: each operand rounded to tf32), or 3xTF32's
+        three (small terms first)."""
+        if not TF32:
+            return mma_op(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        if not THREE:
+            return mma_op(to_tf32(float_of(a0)), to_tf32(float_of(a1)), to_tf32(float_of(a2)),
+                          to_tf32(float_of(a3)), to_tf32(float_of(b0)), to_tf32(float_of(b1)), c0, c1, c2, c3)
+        h0, l0 = split(a0)
+        h1, l1 = split(a1)
+        h2, l2 = split(a2)
+        h3, l3 = split(a3)
+        hb0, lb0 = split(b0)
+        hb1, lb1 = split(b1)
+        c0, c1, c2, c3 = mma_op(l0, l1, l2, l3, hb0, hb1, c0, c1, c2, c3)
+        c0, c1, c2, c3 = mma_op(h0, h1, h2, h3, lb0, lb1, c0, c1, c2, c3)
+        return mma_op(h0, h1, h2, h3, hb0, hb1, c0, c1, c2, c3)
+
+    @cuda.jit(device=True, fastmath=True)
+    def rule1(x, lane, r, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right):
+        row, col = c_elem(lane, r)
+        sc = x * scale
+        if cap > 0:
+            sc = float32(softcap(sc, cap))
+        if alibi:
+            sc -= slope * float32(alibi_distance(row0 + row, col0 + col, offset))
+        if edge:
+            if col0 + col >= Nk or not visible(row0 + row, col0 + col, offset, left, right):
+                sc = NEG_INF
+        return sc
+
+    @cuda.jit(device=True, fastmath=True)
+    def rule(x0, x1, x2, x3, lane, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right):
+        """The rules for one 16 x 8 fragment of scores, in log2 units: scale, softcap, ALiBi, the mask."""
+        return (rule1(x0, lane, 0, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right),
+                rule1(x1, lane, 1, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right),
+                rule1(x2, lane, 2, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right),
+                rule1(x3, lane, 3, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right))
+
+    @cuda.jit(device=True, forceinline=True)
+    def fetch(k, v, b, kh, c0, Nk, t, kw, vw):
+        """Thread t's words of the K and V tiles at key c0 into registers: every load issued before any is
+        used (NKW + NVW of them, constant counts: the loops are unrolled), zeros past Nk."""
+        for u in range(NKW):
+            x = t + u * NTH
+            val = uint32(0)
+            if x < Bc * DW and c0 + x // DW < Nk:
+                val = k[b, kh, c0 + x // DW, x % DW]
+            kw[u] = val
+        for u in range(NVW):
+            x = t + u * NTH
+            lo = uint32(0)
+            hi = uint32(0)
+            if TF32:
+                if x < Bc * VW and c0 + x // VW < Nk:
+                    lo = v[b, kh, c0 + x // VW, x % VW]
+            else:       # keys 2p and 2p + 1, word w
+                p = x // VW
+                if x < (Bc // 2) * VW and c0 + 2 * p < Nk:
+                    lo = v[b, kh, c0 + 2 * p, x % VW]
+                if x < (Bc // 2) * VW and c0 + 2 * p + 1 < Nk:
+                    hi = v[b, kh, c0 + 2 * p + 1, x % VW]
+            vw[u, 0] = lo
+            vw[u, 1] = hi
+
+    @cuda.jit(device=True, forceinline=True)
+    def place(kw, vw, ks, vs, t):
+        """The words fetch loaded, into the shared tiles (V transposed for the half kinds)."""
+        for u in range(NKW):
+            x = t + u * NTH
+            if x < Bc * DW:
+                ks[x // DW, x % DW] = kw[u]
+        for u in range(NVW):
+            x = t + u * NTH
+            if TF32:
+                if x < Bc * VW:
+                    vs[x // VW, x % VW] = vw[u, 0]
+            elif x < (Bc // 2) * VW:
+                w = x % VW
+                vs[2 * w, x // VW] = mma.low_halves(vw[u, 0], vw[u, 1])
+                vs[2 * w + 1, x // VW] = mma.high_halves(vw[u, 0], vw[u, 1])
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_step(x, qf, ks, s, lane):
+        """S's fragment j += Q's chunk kc times K's (x = kc NT + j)."""
+        kc, j = x // NT, x % NT
+        n0, w0 = b_word(lane, 0)
+        n1, w1 = b_word(lane, 1)
+        s[j, 0], s[j, 1], s[j, 2], s[j, 3] = product(
+            qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3],
+            ks[j * 8 + n0, kc * 8 + w0], ks[j * 8 + n1, kc * 8 + w1],
+            s[j, 0], s[j, 1], s[j, 2], s[j, 3])
+
+    @cuda.jit(device=True, forceinline=True)
+    def pv_step(x, s, vs, o, lane):
+        """O's fragment e += P's chunk pc times V's (x = pc NE + e): P's fragments become A's."""
+        pc, e = x // NE, x % NE
+        n0, w0 = b_word(lane, 0)
+        n1, w1 = b_word(lane, 1)
+        if TF32:   # A's words are S's floats TF32_A; A's word w is key tf32_key(w) of the chunk, and so B's
+            a0 = mma.word_of(s[pc, TF32_A[0]])
+            a1 = mma.word_of(s[pc, TF32_A[1]])
+            a2 = mma.word_of(s[pc, TF32_A[2]])
+            a3 = mma.word_of(s[pc, TF32_A[3]])
+            b0 = vs[pc * 8 + key_of(w0), e * 8 + n0]
+            b1 = vs[pc * 8 + key_of(w1), e * 8 + n1]
+        else:      # two 8-key tiles of S: their pairs of floats, rounded and packed (HALF_A)
+            a0 = pack(s[2 * pc + HALF_A[0][0], HALF_A[0][1]], s[2 * pc + HALF_A[0][0], HALF_A[0][2]])
+            a1 = pack(s[2 * pc + HALF_A[1][0], HALF_A[1][1]], s[2 * pc + HALF_A[1][0], HALF_A[1][2]])
+            a2 = pack(s[2 * pc + HALF_A[2][0], HALF_A[2][1]], s[2 * pc + HALF_A[2][0], HALF_A[2][2]])
+            a3 = pack(s[2 * pc + HALF_A[3][0], HALF_A[3][1]], s[2 * pc + HALF_A[3][0], HALF_A[3][2]])
+            b0 = vs[e * 8 + n0, pc * 8 + w0]
+            b1 = vs[e * 8 + n1, pc * 8 + w1]
+        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
+
+    s_product, pv_product = unroll(KC * NT, s_step), unroll(PC * NE, pv_step)
+
+    @cuda.jit(fastmath=True)
+    def mma_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
+                           offset, left, right, out, lse):
+        """q (B, H, Nq, DW) words, k (B, Hk, Nk, DW), v (B, Hk, Nk, VW) -> out (S, B, H, Nq, Dv),
+        lse (S, B, H, Nq); grid (B*H, Tr, S), the last query tile first."""
+        H, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
+        b = cuda.blockIdx.x // H
+        h = cuda.blockIdx.x % H
+        tr = cuda.gridDim.y - 1 - cuda.blockIdx.y
+        kh = kv_head[h]
+        split_ = cuda.blockIdx.z
+        t = cuda.threadIdx.x
+        lane = t % 32
+        row0 = tr * Br + 16 * (t // 32)     # this warp's first query row
+        slope = float32(slopes[b, h])
+        ks = cuda.shared.array((Bc, KSTRIDE), uint32)
+        vs = cuda.shared.array((VROWS, VCOLS), uint32)
+
+        # this warp's Q fragments, for the whole kernel (zeros past Nq)
+        qf = cuda.local.array((KC, 4), uint32)
+        for kc in range(KC):
+            for r in range(4):
+                row, w = a_word(lane, r)
+                val = uint32(0)
+                if row0 + row < Nq:
+                    val = q[b, h, row0 + row, kc * 8 + w]
+                qf[kc, r] = val
+
+        s = cuda.local.array((NT, 4), float32)
+        o = cuda.local.array((NE, 4), float32)
+        m = cuda.local.array(2, float32)       # the thread's two rows: g and g + 8
+        l = cuda.local.array(2, float32)
+        kw = cuda.local.array(NKW, uint32)     # a thread's share of a K tile, and of a V tile
+        vw = cuda.local.array((NVW, 2), uint32)
+        for e in range(NE):
+            for r in range(4):
+                o[e, r] = float32(0.0)
+        for r in range(2):
+            m[r] = NEG_INF
+            l[r] = float32(0.0)
+
+        n_all = nvisit[tr]
+        per = (n_all + cuda.gridDim.z - 1) // cuda.gridDim.z
+        first = split_ * per
+        last = min(n_all, first + per)
+        for n in range(first, last):
+            tc = visit[tr, n]
+            c0 = tc * Bc
+            if not STAGED:   # each thread loads and stores a word at a time: one load in flight
+                cuda.syncthreads()             # nobody reads the last tile any more
+                for x in range(t, Bc * DW, NTH):
+                    c = x // DW
+                    w = x % DW
+                    val = uint32(0)
+                    if c0 + c < Nk:
+                        val = k[b, kh, c0 + c, w]
+                    ks[c, w] = val
+                if TF32:                        # V as it is: keys by rows
+                    for x in range(t, Bc * VW, NTH):
+                        c = x // VW
+                        w = x % VW
+                        val = uint32(0)
+                        if c0 + c < Nk:
+                            val = v[b, kh, c0 + c, w]
+                        vs[c, w] = val
+                else:                           # V transposed: a word holds keys 2p and 2p + 1 of one dim
+                    for x in range(t, (Bc // 2) * VW, NTH):
+                        p = x // VW
+                        w = x % VW
+                        lo = uint32(0)
+                        hi = uint32(0)
+                        if c0 + 2 * p < Nk:
+                            lo = v[b, kh, c0 + 2 * p, w]
+                        if c0 + 2 * p + 1 < Nk:
+                            hi = v[b, kh, c0 + 2 * p + 1, w]
+                        vs[2 * w, p] = mma.low_halves(lo, hi)
+                        vs[2 * w + 1, p] = mma.high_halves(lo, hi)
+                cuda.syncthreads()             # the tiles are complete
+            else:
+                if n == first or not PREFETCH:
+                    fetch(k, v, b, kh, c0, Nk, t, kw, vw)     # this tile's words, all in flight at once
+                cuda.syncthreads()         # nobody reads the last tile any more
+                place(kw, vw, ks, vs, t)
+                cuda.syncthreads()         # the tiles are complete
+                if PREFETCH and n + 1 < last:   # the next tile's words, in flight during this one
+                    fetch(k, v, b, kh, visit[tr, n + 1] * Bc, Nk, t, kw, vw)
+
+            # S = Q K^T: NT accumulator fragments, KC k chunks each
+            for j in range(NT):
+                for r in range(4):
+                    s[j, r] = float32(0.0)
+            s_product(qf, ks, s, lane)
+
+            # the rules, in log2 units; the mask only on the tiles that need one
+            edge = tiles[tr, tc] == rules.PARTIAL or c0 + Bc > Nk
+            if edge or alibi or cap > 0:
+                for j in range(NT):
+                    s[j, 0], s[j, 1], s[j, 2], s[j, 3] = rule(s[j, 0], s[j, 1], s[j, 2], s[j, 3], lane, row0,
+                                                              c0 + j * 8, Nk, edge, scale, cap, alibi, slope,
+                                                              offset, left, right)
+            else:
+                for j in range(NT):
+                    for r in range(4):
+                        s[j, r] *= scale
+
+            # online softmax on the fragments: a row lives on the 4 lanes of a quad
+            for r in range(2):
+                mx = NEG_INF
+                for j in range(NT):
+                    mx = max_nan(mx, max_nan(s[j, 2 * r], s[j, 2 * r + 1]))
+                mx = max_nan(mx, cuda.shfl_xor_sync(ALL, mx, 1))
+                mx = max_nan(mx, cuda.shfl_xor_sync(ALL, mx, 2))
+                m_new = max_nan(m[r], mx)
+                alpha = float32(rescale_exp2(m[r], m_new))
+                shift = float32(shift_of(m_new))
+                m[r] = m_new
+                l[r] *= alpha
+                for e in range(NE):
+                    o[e, 2 * r] *= alpha
+                    o[e, 2 * r + 1] *= alpha
+                for j in range(NT):
+                    for c in range(2):
+                        p = rules.exp2(s[j, 2 * r + c] - shift)
+                        l[r] += p
+                        s[j, 2 * r + c] = p
+
+            # O += P V: P's fragments become A's, V's come from shared memory
+            pv_product(s, vs, o, lane)
+
+        # each lane summed its own columns: the quad's four shares make a row's l
+        for r in range(2):
+            total = l[r]
+            total += cuda.shfl_xor_sync(ALL, total, 1)
+            total += cuda.shfl_xor_sync(ALL, total, 2)
+            row_lse, inv_l = finalize(m[r] * LN2, total)
+            i = row0 + lane // 4 + 8 * r
+            if i < Nq:
+                if lane % 4 == 0:
+                    lse[split_, b, h, i] = row_lse
+                for e in range(NE):
+                    for c in range(2):
+                        col = e * 8 + 2 * (lane % 4) + c
+                        if col < out.shape[4]:
+                            out[split_, b, h, i, col] = o[e, 2 * r + c] * float32(inv_l)
+
+    _KERNELS[key] = mma_forward_kernel
+    return mma_forward_kernel
+
+
+def words(x, kind):
+    """An input as the kernel reads it: its last dim zero-padded to the fragments' multiple, C-contiguous,
+    its bits as 32-bit words (two halves, or one float32, a word).  No copy when nothing is padded."""
+    n = x.shape[-1]
+    x = np.ascontiguousarray(x)
+    if padded(n, kind) != n:
+        x = np.concatenate([x, np.zeros((*x.shape[:-1], padded(n, kind) - n), x.dtype)], axis=-1)
+    return x.view(np.uint32)
+
+
+def kind_of(step, dtype):
+    """The kernel a step runs for inputs of ``dtype``."""
+    dtype = np.dtype(dtype)
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    if step != "mma_f16":
+        if dtype != np.float32:
+            raise TypeError(f"{step} computes float32 inputs on the tf32 tensor cores; q, k and v are {dtype}")
+        return "tf32x3" if step == "mma_3xtf32" else "tf32x1"
+    for kind in ("f16", "bf16"):
+        if dtype == INPUT_DTYPE[kind]:
+            return kind
+    raise TypeError(f"mma_f16 takes float16 or bfloat16 inputs (the tensor cores' half types); q, k and v are "
+                    f"{dtype}: cast them, or use mma_3xtf32 for float32")
+
+
+def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1):
+    """The kernel, grid and arguments of one launch: (kernel, griddim, blockdim, args, splits, out_shape)."""
+    from .run import visit_lists
+    kind = kind_of(step, q.dtype)
+    B, H, Nq, D = q.shape
+    Dv = v.shape[3]
+    tiling = tiling or default_tiling(kind, D, Dv)
+    if opts.block_q not in (None, tiling.Br) or opts.block_k not in (None, tiling.Bc):
+        raise ValueError(f"{step} runs {tiling.Br} x {tiling.Bc} tiles (warps of 16 rows); pass tiling=MmaTiling(...) "
+                         f"to change them, not block_q / block_k")
+    kernel = make_mma_kernel(kind, tiling, D, Dv)
+    launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, tiling.Br, tiling.Bc)[0]
+    visit, nvisit = visit_lists(launch.tiles)
+    unit = rules.LOG2E
+    args = (visit, nvisit, launch.tiles, launch.kv_head.astype(np.int32), np.float32(launch.softmax_scale * unit),
+            np.float32(launch.softcap * unit), launch.alibi, (launch.slopes * unit).astype(np.float32),
+            launch.offset, launch.left, launch.right)
+    splits = max(1, min(int(splits), int(nvisit.max()) if nvisit.size else 1))
+    grid = (B * H, launch.tiles.shape[0], splits)
+    return kernel, grid, tiling.threads, args, splits, (B, H, Nq, Dv)
+
+
+def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):
+    """(a zero-argument callable that runs one launch on device arrays, out, lse): the inputs converted and
+    copied to the device once, here, so that a timing loop times the kernel (and split-KV's merge) alone."""
+    from .merge import make_merge_kernel
+    kernel, grid, threads, args, splits, out_shape = plan(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
+    kind = kind_of(step, q.dtype)
+    qw, kw, vw = (cuda.to_device(words(x, kind)) for x in (q, k, v))
+    args = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
+    out = cuda.to_device(np.full(out_shape, np.nan, np.float32))
+    lse = cuda.to_device(np.full(out_shape[:3], np.nan, np.float32))
+    if splits == 1:
+        run = kernel[grid, threads]
+        dest = (out.reshape((1, *out_shape)), lse.reshape((1, *out_shape[:3])))
+        return (lambda: run(qw, kw, vw, *args, *dest)), out, lse
+    part_out = cuda.to_device(np.full((splits, *out_shape), np.nan, np.float32))
+    part_lse = cuda.to_device(np.full((splits, *out_shape[:3]), np.nan, np.float32))
+    run = kernel[grid, threads]
+    rows = int(np.prod(out_shape[:3]))
+    fold = make_merge_kernel()[-(-rows // 128), 128]
+
+    def go():
+        run(qw, kw, vw, *args, part_out, part_lse)
+        fold(part_out, part_lse, out, lse)
+    return go, out, lse
+
+
+def mma_forward(q, k, v, opts, mask, step="mma_f16", *, tiling=None, splits=1):
+    """Run ``step`` on validated dense numpy inputs: (out in the input dtype, lse) (an ``attention_forward``)."""
+    if not available():
+        raise RuntimeError(f"{step} is inline PTX for a GPU's tensor cores: it runs on a GPU only")
+    go, out, lse = launcher(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
+    go()
+    out, lse = out.copy_to_host(), lse.copy_to_host()
+    lse = nan_lse_where_out_is_nan(out, lse).astype(rules.lse_dtype(q.dtype), copy=False)
+    return out.astype(rules.out_dtype(q.dtype)), lse
+
+
+def attention(q, k, v, *, step="mma_f16", tiling=None, splits=1, return_lse=False, **options):
+    """``course_lib.attention`` for a tensor-core step with its tiling and split-KV pieces chosen by hand."""
+    from functools import partial
+    return call_forward(partial(mma_forward, step=step, tiling=tiling, splits=splits), q, k, v,
+                        return_lse=return_lse, **options)
