@@ -11,7 +11,8 @@ Four groups, each a series of one change at a time (the brief's evaluation metho
   each process records its first call (compilation from numba's cache and first touch
   of the inputs) apart from the timed ones;
 - ``length``: the same problem at N = 256 ... 2048, native and public paths alternated;
-  beside the time, the model's HBM bytes (``flash_io``, the kernel's 64 x 64 tiles) and
+  beside the time, the model's HBM bytes (``flash_io``, on the tiles the kernel runs here:
+  its L2-sized default for D = 64 in float32, recorded as ``block_q`` / ``block_k``) and
   naive bytes, the tile's working set (``tile_budget``) and the peak memory one native
   call allocated, measured with tracemalloc, beside the bytes S would take: did the
   intermediates stay "on chip" (in the tile buffers)?
@@ -26,7 +27,8 @@ Four groups, each a series of one change at a time (the brief's evaluation metho
 (The precision group is the regression matrix's record, ``matrix_cpu.jsonl``.)  One
 record per (group, case, path) to ``notebooks/records/capstone_cpu.jsonl``: ``times_ms``
 of every round and their ``min_ms`` / ``median_ms`` / ``max_ms``, and the model numbers
-named above.  This is a benchmark, not a test.
+named above, and the load average (``os.getloadavg``) before and after the run.  This is a
+benchmark, not a test.
 """
 import argparse
 import dataclasses
@@ -43,7 +45,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "capstone_cpu.jsonl"
 B, H, D, N = 1, 4, 64, 1024
-TILE = (64, 64)      # flash_numba_cpu's tiles (kernels.launch.DEFAULT_TILES)
+
+
+def kernel_tiles():
+    """(block_q, block_k) that flash_numba_cpu runs on this machine for D = 64 in float32 when a call gives none."""
+    from course_lib.kernels import flash_numba_cpu
+    return flash_numba_cpu.tile_sizes_for(D, D, np.dtype(np.float32).itemsize)
 
 
 def spread(ms) -> dict:
@@ -104,7 +111,8 @@ def length_and_mask_groups(rounds, lengths):
     from course_lib.models.iomodel import flash_io, naive_io
     from course_lib.models.memory import peak_bytes
     from course_lib.models.sram import tile_budget
-    sram = tile_budget(*TILE, D, "float32").total_bytes
+    tile = kernel_tiles()
+    sram = tile_budget(*tile, D, "float32").total_bytes
     out = []
     cases = [("length", n, "none") for n in lengths] + [("mask", N, m) for m in ("none", "causal", "window8", "window2")]
     for group, n, mask in cases:
@@ -124,7 +132,7 @@ def length_and_mask_groups(rounds, lengths):
             ran = "torch_sdpa (mask tensor)"
         times = alternate({"native": native, "public": public}, rounds)
         peak = peak_bytes(native)
-        opts = dict(causal=causal, window_size=window, batch=B, heads=H, block_q=TILE[0], block_k=TILE[1])
+        opts = dict(causal=causal, window_size=window, batch=B, heads=H, block_q=tile[0], block_k=tile[1])
         flash = flash_io(n, n, D, "float32", **opts)
         naive = naive_io(n, n, D, "float32", batch=B, heads=H)
         case = {"none": "no mask", "causal": "causal", "window8": f"window ({n // 8}, 0)",
@@ -132,6 +140,7 @@ def length_and_mask_groups(rounds, lengths):
         for path, ms in times.items():
             out.append(dict(group=group, case=case, path=path, ran=ran if path == "public" else "flash_numba_cpu",
                             B=B, H=H, N=n, D=D, dtype="float32", mask=mask, window_size=list(window),
+                            block_q=tile[0], block_k=tile[1],
                             flops=attention_flops(B, H, n, n, D, causal=causal, window_size=window),
                             model_flash_bytes=flash.bytes, model_naive_bytes=naive.bytes,
                             tile_sram_bytes=sram, native_peak_bytes=peak, s_bytes=B * H * n * n * 4,
@@ -145,16 +154,17 @@ def conversion_group(rounds, n=N):
     from course_lib.kernels import launch as host
     from course_lib import api
     q16, k16, v16 = qkv(n, np.float16)
+    tile = kernel_tiles()     # float16 inputs accumulate in float32: the same tiles
     grabbed = {}
 
     def grab(q, k, v, opts, mask):   # what a float16 call hands the compiled kernel
-        grabbed["launch"], *grabbed["arrays"] = host.prepare(q, k, v, opts, mask, *TILE)
+        grabbed["launch"], *grabbed["arrays"] = host.prepare(q, k, v, opts, mask, *tile)
         return kernel.flash_forward(q, k, v, opts, mask)
     options.call_forward(grab, q16, k16, v16)
     rounded = grabbed["launch"]
     plain = dataclasses.replace(rounded, round_bits=0, round_min_exponent=0)
     q32, k32, v32 = grabbed["arrays"]
-    blocks = dict(block_q=TILE[0], block_k=TILE[1])   # the launch above: the same tiles, the same sums
+    blocks = dict(block_q=tile[0], block_k=tile[1])   # the launch above: the same tiles, the same sums
     calls = {"float16 call": lambda: api.attention(q16, k16, v16, impl="flash_numba_cpu", **blocks),
              "inputs to float32 alone": lambda: [np.ascontiguousarray(x, np.float32) for x in (q16, k16, v16)],
              "kernel, P rounded to float16 in the loop": lambda: kernel.run_kernel(rounded, q32, k32, v32),
@@ -163,6 +173,7 @@ def conversion_group(rounds, n=N):
     same = np.array_equal(kernel.run_kernel(rounded, q32, k32, v32)[0].astype(np.float16),
                           api.attention(q16, k16, v16, impl="flash_numba_cpu", **blocks))
     return [dict(group="conversion", case=name, path="native", B=B, H=H, N=n, D=D, dtype="float16", mask="none",
+                 block_q=tile[0], block_k=tile[1],
                  round_bits=rounded.round_bits, rounded_kernel_is_the_float16_call=bool(same), **spread(ms))
             for name, ms in times.items()]
 
@@ -178,9 +189,11 @@ def main(argv=None):
         return worker(args.rounds)
     from course_lib import bench
     run, env = bench.new_run(), bench.environment()
+    env["load_average"] = list(os.getloadavg())
     t0 = time.perf_counter()
     records = bandwidth_group(args.rounds) + length_and_mask_groups(args.rounds, args.lengths) + \
         conversion_group(args.rounds)
+    env["load_average_end"] = list(os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a", encoding="utf-8") as f:
         for r in records:

@@ -106,12 +106,11 @@ def main(argv=None):
         child(shapes, steps, args.tuned)
         return
     import gpu_traffic
+    import ncu
     from course_lib import bench
     metrics = known_metrics(args.ncu)
     missing = [m for m in METRICS if m not in metrics]
-    cmd = [args.ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
-           "--metrics", ",".join(metrics), sys.executable, __file__, "--child", "--shapes", *args.shapes,
-           "--steps", *steps] + (["--tuned", args.tuned] if args.tuned else [])
+    cmd = ncu.command(args.ncu, metrics, __file__, ["--child", "--shapes", *args.shapes, "--steps", *steps], args.tuned)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=560, env=os.environ)
     order = next((json.loads(line[len("CHILD-ORDER "):]) for line in r.stdout.splitlines()
                   if line.startswith("CHILD-ORDER ")), [])

@@ -102,6 +102,7 @@ def main(argv=None):
         impl, B, H, N, D = args.child
         child(impl, int(B), int(H), int(N), int(D), args.tuned)
         return
+    import ncu
     from course_lib import bench
     env = bench.environment()
     run = bench.new_run()
@@ -109,9 +110,8 @@ def main(argv=None):
         for shape in args.shapes:
             B, H, N, D = (int(x) for x in shape.split(","))
             for impl in args.impls:
-                cmd = [args.ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
-                       "--metrics", ",".join(METRICS), sys.executable, __file__, "--child", impl, str(B), str(H),
-                       str(N), str(D)] + (["--tuned", args.tuned] if args.tuned else [])
+                cmd = ncu.command(args.ncu, METRICS, __file__, ["--child", impl, str(B), str(H), str(N), str(D)],
+                                  args.tuned)
                 try:
                     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ)
                     total, kernels, _ = parse(r.stdout)

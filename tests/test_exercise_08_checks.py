@@ -4,37 +4,14 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-import functools
 from pathlib import Path
-
-import pytest
 
 import notebook_factory as nf
 
-from course_lib import checks
-
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "08_numba_cpu.ipynb"
-
-
-@functools.lru_cache(maxsize=1)
-def solution():
-    return nf.SolutionCells.read(SOLUTION)
-
-
-@functools.lru_cache(maxsize=1)
-def setup_namespace():
-    """The setup cell, run once: its compiled rules are compiled once for every case."""
-    namespace = {}
-    exec(solution().by_id["setup-answers"], namespace)
-    exec(solution().by_id["s08-02"], namespace)
-    return namespace
-
-
-def run(exercise, edit=None, before=()):
-    solution().run(dict(setup_namespace()), exercise, edit, before)
-
-
 BUGGY = "s08-19"  # 8.5's given cell: the colleague's kernel and run_plan
+# the setup runs once: its compiled rules are compiled once for every case
+EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "08_numba_cpu.ipynb",
+                           setup=["setup-answers", "s08-02"], before={"8.5": [BUGGY]})
 
 WRONG = {
     "8.1": [("total += last_row // Bc + 1", "total += r0 // Br + 1"),            # Tr (Tr + 1) / 2: square tiles only
@@ -63,17 +40,4 @@ WRONG = {
             (" + 4 * n   # Q;", "   # Q;"),                                                  # lse forgotten in the traffic
             ("npu_dram_bytes = npu_traffic(npu_tile[0])", "npu_dram_bytes = npu_traffic(npu_tile[1])")],  # Bc taken for Br
 }
-CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise):
-    run(exercise, before=[BUGGY] if exercise == "8.5" else ())
-
-
-@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
-                                                       for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-    with pytest.raises(checks.CheckFailed):
-        run(exercise, edit, before=[BUGGY] if exercise == "8.5" else ())
-    assert "FAIL" in capsys.readouterr().out
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)

@@ -5,49 +5,16 @@ would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  Where the mistake is a race, an access out of
 bounds or a barrier, the FAIL line must be cudacheck's: the prefetching kernel
 must not pass, or fail only on its numbers, by luck."""
-import functools
-import os
 from pathlib import Path
-
-import pytest
 
 import notebook_factory as nf
 
-from course_lib import checks
-
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "10_gpu_performance.ipynb"
 CUDACHECK = "cudacheck found"   # what cuda_check prints when cudacheck flags a kernel
-
-
-@functools.lru_cache(maxsize=1)
-def solution():
-    return nf.SolutionCells.read(SOLUTION)
-
-
-@functools.lru_cache(maxsize=1)
-def setup_namespace():
-    """The setup cells, run once, leaving this process's environment as it was
-    (numba is already imported here; cudacheck runs either kind of kernel)."""
-    by_id = solution().by_id
-    before = os.environ.get("NUMBA_ENABLE_CUDASIM")
-    namespace = {}
-    try:
-        exec(by_id["setup-answers"], namespace)
-    finally:
-        if before is None:
-            os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
-        else:
-            os.environ["NUMBA_ENABLE_CUDASIM"] = before
-    exec(by_id["s10-03"], namespace)
-    return namespace
-
-
 # the cells an exercise builds on: 10.1 measures the course's tile kernel; 10.7 uses 10.1's and 10.2's answers
 BEFORE = {"10.1": ["s10-05"], "10.7": ["s10-06", "s10-11"]}
-
-
-def run(exercise, edit=None):
-    solution().run(dict(setup_namespace()), exercise, edit, before=BEFORE.get(exercise, ()))
+# the setup runs once (numba is already imported here; cudacheck runs either kind of kernel)
+EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "10_gpu_performance.ipynb",
+                           setup=["setup-answers", "s10-03"], before=BEFORE)
 
 
 # (exercise, (old, new), True when cudacheck must be the one to fail it)
@@ -98,21 +65,5 @@ WRONG = {
                "    cost = loads_per_fma(Br, Bc, threads, tx, D, Dv)\n"), False),    # the lecture's tiling, always
              (("if best is None or cost < best[0]:", "if best is None or cost > best[0]:"), False)],  # the most loads
 }
-CASES = [(exercise, edit, by_cudacheck) for exercise, edits in WRONG.items() for edit, by_cudacheck in edits]
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise, capsys):
-    run(exercise)
-    assert "FAIL" not in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("exercise,edit,by_cudacheck", CASES,
-                         ids=[f"{e}-{i}" for e, edits in WRONG.items() for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, by_cudacheck, capsys):
-    with pytest.raises(checks.CheckFailed):
-        run(exercise, edit)
-    out = capsys.readouterr().out
-    assert "FAIL" in out
-    if by_cudacheck:
-        assert CUDACHECK in out, out
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = \
+    nf.check_tests(EXERCISES, WRONG, flagged_prints=CUDACHECK)

@@ -4,29 +4,13 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make (an edit of the solution's own source), and runs the setup, the
 cells the exercise builds on, the answer and its check in one namespace: the
 check must raise CheckFailed."""
-import functools
 from pathlib import Path
-
-import pytest
 
 import notebook_factory as nf
 
-from course_lib import checks
-
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "11_low_precision.ipynb"
 BEFORE = {"11.6": ["s11-22"], "11.8": ["s11-04", "s11-18", "s11-29"]}  # the course cells and earlier answers used
-
-
-@functools.lru_cache(maxsize=1)
-def solution():
-    return nf.SolutionCells.read(SOLUTION)
-
-
-def run(exercise, edit=None):
-    namespace = {}
-    exec(solution().by_id["setup-answers"], namespace)
-    exec(solution().by_id["s11-02"], namespace)
-    solution().run(namespace, exercise, edit, BEFORE.get(exercise, ()))
+EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "11_low_precision.ipynb",
+                           setup=["setup-answers", "s11-02"], before=BEFORE, fresh=True)
 
 
 WRONG = {
@@ -65,17 +49,4 @@ WRONG = {
              ("predicted = 1.5 * float(np.abs(out - exact).max())",
               "predicted = 1.5 * float(np.abs(out - exact).mean())")],                   # the mean, not the max
 }
-CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise):
-    run(exercise)
-
-
-@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
-                                                       for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-    with pytest.raises(checks.CheckFailed):
-        run(exercise, edit)
-    assert "FAIL" in capsys.readouterr().out
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)

@@ -3,29 +3,13 @@
 Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make (an edit of the solution's own source), and runs the setup, the
 answer and its check cell in one namespace: the check must raise CheckFailed."""
-import functools
 from pathlib import Path
-
-import pytest
 
 import notebook_factory as nf
 
-from course_lib import checks
-
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "13_inference.ipynb"
 BEFORE = {"13.4": ["s13-buggy"], "13.7": ["s13-buggy-causal"]}
-
-
-@functools.lru_cache(maxsize=1)
-def solution():
-    return nf.SolutionCells.read(SOLUTION)
-
-
-def run(exercise, edit=None):
-    namespace = {}
-    exec(solution().by_id["setup-answers"], namespace)
-    exec(solution().by_id["s13-course"], namespace)
-    solution().run(namespace, exercise, edit, BEFORE.get(exercise, ()))
+EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "13_inference.ipynb",
+                           setup=["setup-answers", "s13-course"], before=BEFORE, fresh=True)
 
 
 WRONG = {
@@ -54,18 +38,6 @@ WRONG = {
              ("j <= i + Nk - Nq", "j <= i + Nk - Nq + 1"),
              ("j <= i + Nk - Nq", "j >= i + Nk - Nq")],
 }
-CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise):
-    run(exercise)
-
-
-@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
-                                                       for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-    with pytest.raises((checks.CheckFailed, ValueError, IndexError)) as caught:
-        run(exercise, edit)
-    if caught.type is checks.CheckFailed:
-        assert "FAIL" in capsys.readouterr().out
+ERRORS = {exercise: (ValueError, IndexError) for exercise in WRONG}   # a wrong slot or head index may raise first
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = \
+    nf.check_tests(EXERCISES, WRONG, errors=ERRORS)

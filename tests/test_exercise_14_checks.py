@@ -4,30 +4,13 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-import functools
 from pathlib import Path
-
-import pytest
 
 import notebook_factory as nf
 
-from course_lib import checks
-
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "14_parallel.ipynb"
-
-
-@functools.lru_cache(maxsize=1)
-def solution():
-    return nf.SolutionCells.read(SOLUTION)
-
-
-def run(exercise, edit=None):
-    namespace = {}
-    exec(solution().by_id["setup-answers"], namespace)
-    exec(solution().by_id["course-setup"], namespace)
-    before = {"14.5": ["ex14-5-given"], "14.6": ["ex14-6-given"],
-              "14.7": [solution().answers["14.3"], solution().answers["14.4"]]}.get(exercise, [])
-    solution().run(namespace, exercise, edit, before)
+EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "14_parallel.ipynb",
+                           setup=["setup-answers", "course-setup"], fresh=True,
+                           before={"14.5": ["ex14-5-given"], "14.6": ["ex14-6-given"], "14.7": ["14.3", "14.4"]})
 
 
 WRONG = {
@@ -60,17 +43,4 @@ WRONG = {
              ("seconds = (4 * (u - 1) + (r - 1)) * alpha + sent / beta",
               "seconds = sent / beta")],                                                             # latency forgotten
 }
-CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise):
-    run(exercise)
-
-
-@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
-                                                       for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-    with pytest.raises(checks.CheckFailed):
-        run(exercise, edit)
-    assert "FAIL" in capsys.readouterr().out
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)

@@ -4,34 +4,13 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-import functools
 from pathlib import Path
-
-import pytest
 
 import notebook_factory as nf
 
-from course_lib import checks
-
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "15_edge.ipynb"
 BUGGY = "s15-16"  # 15.5's given cell: the colleague's schedule and the overwrite finder
-
-
-@functools.lru_cache(maxsize=1)
-def solution():
-    return nf.SolutionCells.read(SOLUTION)
-
-
-@functools.lru_cache(maxsize=1)
-def setup_namespace():
-    namespace = {}
-    exec(solution().by_id["setup-answers"], namespace)
-    exec(solution().by_id["s15-02"], namespace)
-    return namespace
-
-
-def run(exercise, edit=None):
-    solution().run(dict(setup_namespace()), exercise, edit, before=[BUGGY] if exercise == "15.5" else ())
+EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "15_edge.ipynb",
+                           setup=["setup-answers", "s15-02"], before={"15.5": [BUGGY]})
 
 
 WRONG = {
@@ -68,25 +47,12 @@ WRONG = {
               "key=lambda o: npu_footprint(o[0], o[1], npu[\"head_dim\"], o[2])"),                  # the smallest tile: "it fits"
              ("for b in (1, 2, 3)\n", "for b in (1,)\n")],                                          # no double buffering
 }
-CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise):
-    run(exercise)
-
-
-@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
-                                                       for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-    with pytest.raises(checks.CheckFailed):
-        run(exercise, edit)
-    assert "FAIL" in capsys.readouterr().out
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)
 
 
 def test_the_colleagues_schedule_overwrites_a_buffer_only_when_compute_bound(capsys):
-    namespace = dict(setup_namespace())
-    exec(solution().by_id[BUGGY], namespace)
+    namespace = EXERCISES.namespace()
+    exec(EXERCISES.cells.by_id[BUGGY], namespace)
     out = capsys.readouterr().out
     assert "DMA-bound, 2 buffers: total 26.0 (closed form 26.0), overwritten: []" in out
     assert "overwritten: [2, 3, 4, 5, 6, 7]" in out

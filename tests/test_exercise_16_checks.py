@@ -4,37 +4,14 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answers it builds on and its check cell in
 one namespace: the check must raise CheckFailed.  The mistakes are edits of the
 solution's own source, so each differs from a right answer in exactly the way named."""
-import functools
 from pathlib import Path
-
-import pytest
 
 import notebook_factory as nf
 
-from course_lib import checks
-
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "16_evaluation.ipynb"
 HELPERS = "s16-02"   # the course's models and the synthetic matrix runs the checks draw
-BUILDS_ON = {"16.2": ["16.1"], "16.6": ["16.5"], "16.7": ["16.1"]}
-
-
-@functools.lru_cache(maxsize=1)
-def solution():
-    return nf.SolutionCells.read(SOLUTION)
-
-
-@functools.lru_cache(maxsize=1)
-def setup_namespace():
-    namespace = {}
-    exec(solution().by_id["setup-answers"], namespace)
-    exec(solution().by_id[HELPERS], namespace)
-    return namespace
-
-
-def run(exercise, edit=None):
-    cells = solution()
-    before = [cells.answers[e] for e in BUILDS_ON.get(exercise, ())]
-    cells.run(dict(setup_namespace()), exercise, edit, before=before)
+BUILDS_ON = {"16.2": ["16.1"], "16.6": ["16.5"], "16.7": ["16.1"]}   # the earlier answers each one uses
+EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "16_evaluation.ipynb",
+                           setup=["setup-answers", HELPERS], before=BUILDS_ON)
 
 
 WRONG = {
@@ -70,25 +47,12 @@ WRONG = {
              ("if (2 * br * d + 2 * bc * d) * itemsize + 4 * br * bc <= sram_bytes]",
               "if (2 * br * d + 2 * bc * d) * itemsize <= sram_bytes]")],                             # S's tile forgotten
 }
-CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise):
-    run(exercise)
-
-
-@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items()
-                                                       for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-    with pytest.raises(checks.CheckFailed):
-        run(exercise, edit)
-    assert "FAIL" in capsys.readouterr().out
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)
 
 
 def test_the_colleagues_finder_flags_unchanged_buckets_beside_the_planted_one(capsys):
-    namespace = dict(setup_namespace())
-    exec(solution().by_id["s16-16"], namespace)
+    namespace = EXERCISES.namespace()
+    exec(EXERCISES.cells.by_id["s16-16"], namespace)
     out = capsys.readouterr().out
     assert out.count("the planted slowdown flagged: True") == 2
     assert "a loaded one: the planted slowdown flagged: True; 0 other" not in out

@@ -46,6 +46,7 @@ flagged too.  The records alone decide: nothing is re-run to compare.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -253,10 +254,12 @@ def run(todo, out=None, paths=None, rounds=3, progress=True) -> list:
     if torch is not None:
         env["torch"] = torch.__version__
         env["torch_threads"] = torch.get_num_threads()
+    env["load_average"] = list(os.getloadavg())      # 1, 5 and 15 minutes, before and after the run
     records = []
     for bucket in tqdm(todo, desc="matrix", disable=not progress):
         for path, result in measure(bucket, paths, rounds).items():
             records.append(to_record(bucket, path, result, run_id, env))
+    env["load_average_end"] = list(os.getloadavg())  # every record holds this one env
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
