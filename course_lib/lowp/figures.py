@@ -153,3 +153,37 @@ def draw_timeline(runs: dict, until=None):
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, -0.01))
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
+
+
+def draw_fragments(a_word, c_elem):
+    """Which lane holds each element of a warp's mma fragments (``mma.a_word`` / ``mma.c_elem``, passed in):
+    left, the 16 x 16 A tile of halves (a word is two neighbouring halves); right, two 16 x 8 C tiles of
+    float32 side by side, the same 16 x 16 keys.  Colour = the lane's quad (lane // 4: the row it holds),
+    number = the lane; the registers (a0-a3, c0-c3) are written in one row of each."""
+    import matplotlib.pyplot as plt
+
+    lane_a, reg_a = np.zeros((16, 16), int), np.zeros((16, 16), int)
+    lane_c, reg_c = np.zeros((16, 16), int), np.zeros((16, 16), int)
+    for lane in range(32):
+        for r in range(4):
+            row, word = a_word(lane, r)
+            lane_a[row, 2 * word:2 * word + 2], reg_a[row, 2 * word:2 * word + 2] = lane, r
+            for tile in range(2):
+                row, col = c_elem(lane, r)
+                lane_c[row, 8 * tile + col], reg_c[row, 8 * tile + col] = lane, r
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
+    for ax, lanes, regs, name, title in ((axes[0], lane_a, reg_a, "a", "A fragment: P (16 rows x 16 keys) in halves"),
+                                         (axes[1], lane_c, reg_c, "c", "C fragments: S, two 16 x 8 tiles (float32)")):
+        ax.imshow(lanes // 4 % 8, cmap="tab10", vmin=0, vmax=9, alpha=0.55)
+        for i in range(16):
+            for j in range(16):
+                label = f"{lanes[i, j]}" if i != 0 else f"{lanes[i, j]}\n{name}{regs[i, j]}"
+                ax.text(j, i, label, ha="center", va="center", fontsize=6.5 if i else 5.5)
+        ax.set_xticks(range(0, 16, 2), [f"{j}" for j in range(0, 16, 2)])
+        ax.set_yticks(range(16))
+        ax.set_xlabel("key (column)")
+        ax.set_ylabel("query row")
+        ax.set_title(title, fontsize=10)
+    axes[1].axvline(7.5, color="black", lw=1.5)
+    fig.tight_layout()
+    return fig
