@@ -7,12 +7,14 @@ Appends to ``notebooks/records/backward.jsonl``, where chapter 12 plots it:
 
 - ``backward_time``: at (1, 8, 4096, D) for D = 64 and 128, causal or not,
   float32, the backward alone (out, lse and dout made beforehand): the course's
-  ``flash_numba_cpu`` (dQ by per-thread partials), ``flash_numba_cpu_dq_pass``
+  ``flash_numba_cpu`` (dQ by per-thread partials, its default tiles
+  ``backward_numba_cpu.TILES``), ``flash_numba_cpu_dq_pass``
   (dQ by a second pass) and ``torch_sdpa`` (``out.backward(dout)`` through
   ``scaled_dot_product_attention``, the graph kept between calls).  Every
   measurement is a worker process of its own, and the rounds alternate the
   impls, so that a load that comes and goes on a shared machine hits them alike;
-  each record keeps min, median and max over the rounds.
+  each record keeps min, median and max over the rounds, and the load average
+  (``os.getloadavg``) before and after the timing: others' work on a shared machine.
 - ``backward_recompute``: in the same workers, the recompute alone
   (``backward_numba_cpu.recompute_only``: S = Q K^T and P = exp(S - lse) on
   every tile the backward visits) beside the full backward: its share of the time.
@@ -150,13 +152,19 @@ def main(argv=None):
         recompute = {(d, c): [] for d, c in cases}
         steps = [(r, d, c, impl) for r in range(args.rounds) for d, c in cases
                  for impl in (TIME_IMPLS if r % 2 == 0 else TIME_IMPLS[::-1])]
+        load_before = os.getloadavg()
         for _, d, c, impl in tqdm(steps, desc="time", unit="call"):
             result = run_worker([impl, f"1,8,{args.seqlen},{d}", "1" if c else "0", "time"])
             times[impl, d, c].append(result["time_s"])
             if "recompute_s" in result:
                 recompute[d, c].append(result["recompute_s"] / result["time_s"])
+        load = {"before": list(load_before), "after": list(os.getloadavg())}
+        from course_lib.kernels.backward_numba_cpu import TILES
         for (impl, d, c), values in times.items():
             extra = spread(values)
+            extra["load_average"] = load
+            if impl != "torch_sdpa":
+                extra["block_q"], extra["block_k"] = TILES
             torch_median = np.median(times["torch_sdpa", d, c])
             extra["speedup_vs_torch_sdpa"] = float(torch_median / np.median(values))
             if impl == "flash_numba_cpu":
