@@ -7,15 +7,23 @@ Appends to ``notebooks/records/backward.jsonl``, where chapter 12 plots it:
 
 - ``backward_time``: at (1, 8, 4096, D) for D = 64 and 128, causal or not,
   float32, the backward alone (out, lse and dout made beforehand): the course's
-  ``flash_numba_cpu`` (dQ by per-thread partials), ``flash_numba_cpu_dq_pass``
+  ``flash_numba_cpu`` (dQ by per-thread partials, its default tiles
+  ``backward_numba_cpu.TILES``), ``flash_numba_cpu_dq_pass``
   (dQ by a second pass) and ``torch_sdpa`` (``out.backward(dout)`` through
   ``scaled_dot_product_attention``, the graph kept between calls).  Every
   measurement is a worker process of its own, and the rounds alternate the
   impls, so that a load that comes and goes on a shared machine hits them alike;
-  each record keeps min, median and max over the rounds.
+  each record keeps min, median and max over the rounds, and the load average
+  (``os.getloadavg``) before and after the timing: others' work on a shared machine.
 - ``backward_recompute``: in the same workers, the recompute alone
   (``backward_numba_cpu.recompute_only``: S = Q K^T and P = exp(S - lse) on
   every tile the backward visits) beside the full backward: its share of the time.
+- ``backward_tile_gemm``: what holds the kernel back, measured: the rate of
+  the backward's five tile matmuls (S = Q K^T, dP = dO V^T, dV = P^T dO,
+  dK = dS^T Q, dQ = dS K at the kernel's tile sizes) on one core, through the
+  BLAS each side calls: SciPy's OpenBLAS by ``np.dot`` inside njit (the
+  course's kernel) and PyTorch's MKL by ``torch.mm`` (its backward's), in
+  alternated worker processes.
 - ``backward_memory``: B = H = 1, D = 64, N from 1K to 16K: how far the
   resident set rises during one backward call above where it stood with q, k,
   v, out, lse and dout made (Linux's peak-RSS counter, reset first).  The
@@ -76,9 +84,54 @@ def make_call(impl, q, k, v, out, lse, dout, causal):
     return lambda: course_lib.attention_backward(q, k, v, out, lse, dout, impl=impl, causal=causal)
 
 
+def tile_gemm_rate(blas, D, repeats=200):
+    """GFLOP/s of the five tile matmuls of one backward step on one core, best of 5 runs of ``repeats``."""
+    from course_lib.kernels.backward_numba_cpu import TILES
+    Br, Bc = TILES
+    rng = np.random.default_rng(0)
+    Q, dO = (rng.standard_normal((Br, D)).astype(np.float32) for _ in range(2))
+    K, V = (rng.standard_normal((Bc, D)).astype(np.float32) for _ in range(2))
+    S, dP = np.zeros((Br, Bc), np.float32), np.zeros((Br, Bc), np.float32)
+    dV, dK, dQ = np.zeros((Bc, D), np.float32), np.zeros((Bc, D), np.float32), np.zeros((Br, D), np.float32)
+    if blas == "torch_mkl":
+        import torch
+        torch.set_num_threads(1)
+        Q, dO, K, V, S, dP, dV, dK, dQ = (torch.from_numpy(x) for x in (Q, dO, K, V, S, dP, dV, dK, dQ))
+
+        def run(n):
+            for _ in range(n):
+                torch.mm(Q, K.t(), out=S); torch.mm(dO, V.t(), out=dP); torch.mm(S.t(), dO, out=dV)
+                torch.mm(dP.t(), Q, out=dK); torch.mm(dP, K, out=dQ)
+    else:
+        import numba
+
+        from course_lib.kernels.flash_numba_cpu import scipy_openblas
+        library = scipy_openblas()
+        if library is not None:
+            library.scipy_openblas_set_num_threads(1)
+
+        @numba.njit
+        def five(Q, K, dO, V, S, dP, dV, dK, dQ, n):
+            for _ in range(n):
+                np.dot(Q, K.T, S); np.dot(dO, V.T, dP); np.dot(S.T, dO, dV); np.dot(dP.T, Q, dK); np.dot(dP, K, dQ)
+
+        def run(n):
+            five(Q, K, dO, V, S, dP, dV, dK, dQ, n)
+    run(2)
+    best = np.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        run(repeats)
+        best = min(best, time.perf_counter() - start)
+    return 10 * Br * Bc * D * repeats / best / 1e9
+
+
 def worker(impl, shape, causal, what):
     """One impl, one shape, in this process; prints one JSON line."""
     B, H, N, D = shape
+    if what == "gemm":
+        print(json.dumps({"gflops": tile_gemm_rate(impl, D)}))
+        return
     small = problem(1, 2, 128, D, causal)
     make_call(impl, *small, causal)()                       # compile / load the cache, warm up
     arrays = problem(B, H, N, D, causal)
@@ -128,6 +181,7 @@ def main(argv=None):
     parser.add_argument("--naive-budget-gib", type=float, default=6.0)
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-gemm", action="store_true")
     parser.add_argument("--out", type=Path, default=RECORDS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -150,13 +204,19 @@ def main(argv=None):
         recompute = {(d, c): [] for d, c in cases}
         steps = [(r, d, c, impl) for r in range(args.rounds) for d, c in cases
                  for impl in (TIME_IMPLS if r % 2 == 0 else TIME_IMPLS[::-1])]
+        load_before = os.getloadavg()
         for _, d, c, impl in tqdm(steps, desc="time", unit="call"):
             result = run_worker([impl, f"1,8,{args.seqlen},{d}", "1" if c else "0", "time"])
             times[impl, d, c].append(result["time_s"])
             if "recompute_s" in result:
                 recompute[d, c].append(result["recompute_s"] / result["time_s"])
+        load = {"before": list(load_before), "after": list(os.getloadavg())}
+        from course_lib.kernels.backward_numba_cpu import TILES
         for (impl, d, c), values in times.items():
             extra = spread(values)
+            extra["load_average"] = load
+            if impl != "torch_sdpa":
+                extra["block_q"], extra["block_k"] = TILES
             torch_median = np.median(times["torch_sdpa", d, c])
             extra["speedup_vs_torch_sdpa"] = float(torch_median / np.median(values))
             if impl == "flash_numba_cpu":
@@ -167,6 +227,25 @@ def main(argv=None):
             share = f", recompute {np.median(recompute[d, c]):.0%}" if impl == "flash_numba_cpu" else ""
             print(f"D={d} causal={c} {impl:<24} median {np.median(values):.3f} s "
                   f"({extra['speedup_vs_torch_sdpa']:.2f}x torch){share}")
+
+    if not args.no_gemm:
+        from course_lib.kernels.backward_numba_cpu import TILES
+        blases = ("scipy_openblas", "torch_mkl")
+        steps = [(d, blas) for r in range(args.rounds) for d in args.head_dims
+                 for blas in (blases if r % 2 == 0 else blases[::-1])]
+        rates = {(blas, d): [] for d in args.head_dims for blas in blases}
+        load_before = os.getloadavg()
+        for d, blas in tqdm(steps, desc="tile gemm", unit="call"):
+            rates[blas, d].append(run_worker([blas, f"1,1,1,{d}", "0", "gemm"])["gflops"])
+        load = {"before": list(load_before), "after": list(os.getloadavg())}
+        for (blas, d), values in rates.items():
+            Br, Bc = TILES
+            bench.append_record(args.out, benchmark="backward_tile_gemm", impl=blas, shape=(1, 1, Br, Bc, d),
+                                dtype="float32", time_s=10 * Br * Bc * d / (np.median(values) * 1e9), run=run,
+                                env=env, layer="kernel", block_q=Br, block_k=Bc, load_average=load, threads=1,
+                                gflops={"min": float(np.min(values)), "median": float(np.median(values)),
+                                        "max": float(np.max(values)), "rounds": len(values)})
+            print(f"D={d} {blas:<15} five tile matmuls ({Br} x {Bc}) on one core: median {np.median(values):.0f} GFLOP/s")
 
     if not args.no_memory:
         steps = [(n, impl) for n in args.memory_sizes for impl in MEMORY_IMPLS]

@@ -141,9 +141,9 @@ BACKWARD_IMPLS = {
     "flash_numpy_fa1": Impl("course_lib.kernels.backward_numpy", "FA1: D_i recomputed from O_i every step",
                             "flash_backward", {"loop_order": "fa1"}),
     "flash_numba_cpu": Impl("course_lib.kernels.backward_numba_cpu",
-                            "compiled: prange over key tiles, per-thread dQ partials merged", "attention_backward"),
+                            "compiled, BLAS tiles: prange over key tiles, per-thread dQ partials merged", "attention_backward"),
     "flash_numba_cpu_dq_pass": Impl("course_lib.kernels.backward_numba_cpu",
-                                    "compiled: dK, dV by key tiles, then dQ by a second pass over query tiles",
+                                    "compiled, BLAS tiles: dK, dV by key tiles, then dQ by a second pass",
                                     "attention_backward", {"dq": "second_pass"}),
 }
 
