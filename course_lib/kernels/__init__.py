@@ -145,6 +145,9 @@ BACKWARD_IMPLS = {
     "flash_numba_cpu_dq_pass": Impl("course_lib.kernels.backward_numba_cpu",
                                     "compiled, BLAS tiles: dK, dV by key tiles, then dQ by a second pass",
                                     "attention_backward", {"dq": "second_pass"}),
+    "flash_numba_cuda": Impl("course_lib.kernels.backward_numba_cuda",
+                             "CUDA, float32 SIMT: a thread per key row for dK, dV (GQA summed there), then per query row for dQ",
+                             "attention_backward", cuda=True),
 }
 
 # Impls that compute attention for the learner; exercises may not call them.
