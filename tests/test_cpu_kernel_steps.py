@@ -11,7 +11,7 @@ from course_lib.core.options import attention_options
 from course_lib.kernels import flash_numba_cpu as fnc
 
 STEP_IMPLS = ["flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
-              "flash_numba_cpu_balanced", "flash_numba_cpu"]
+              "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu"]
 
 
 def qkv(shape_q, shape_kv, dv=None, dtype=np.float32, seed=0):
@@ -103,3 +103,19 @@ def test_a_split_that_sees_no_key_adds_nothing():
                                                      window_size=(2, 0))
     out, lse = fnc.flash_forward(q, k, v, opts, opts.mask(3, 64), splits=4)  # the first splits see nothing
     checks.check_attention(out, q, k, v, lse=lse, window_size=(2, 0))
+
+
+def test_the_host_copies_no_input_that_is_already_contiguous_in_the_accumulation_dtype():
+    from course_lib.kernels import launch
+    q, k, v = qkv((1, 2, 8, 4), (1, 2, 8, 4))
+    opts = attention_options(batch=1, heads=2, head_dim=4)
+    _, qa, ka, va = launch.prepare(q, k, v, opts, opts.mask(8, 8), 4, 4)
+    assert np.shares_memory(qa, q) and np.shares_memory(ka, k) and np.shares_memory(va, v)
+    q16 = q.astype(np.float16)
+    _, qa, _, _ = launch.prepare(q16, k, v, opts, opts.mask(8, 8), 4, 4)
+    assert qa.dtype == np.float32 and not np.shares_memory(qa, q16)
+
+
+def test_the_wide_step_takes_pytorchs_tiles():
+    assert [fnc.wide_tiles(n) for n in (1, 191, 192, 767, 768, 4096)] == [(32, 512), (32, 512), (64, 512),
+                                                                          (64, 512), (256, 512), (256, 512)]
