@@ -25,14 +25,18 @@ time them side by side; the last step is ``flash_numba_cpu`` itself:
 - ``balanced``: the work items go heaviest first (most tiles computed) and
   are handed out one at a time (``numba.set_parallel_chunksize(1)``), so a core
   that finishes early, or loses its time to another program, takes the next.
-- ``tuned`` (= ``flash_numba_cpu``): the tile sizes from this CPU's L2
-  (``tile_sizes_for``), as a sweep on this machine chose; and where there are
-  fewer work items than cores want (decoding: one query row), the keys are
-  split across work items and the partial (out, lse) merged with the lse rule
-  (``core.online_softmax.merge_all``).
+- ``tuned``: the tile sizes from this CPU's L2 (``tile_sizes_for``); and
+  where there are fewer work items than cores want (decoding: one query
+  row), the keys are split across work items and the partial (out, lse)
+  merged with the lse rule (``core.online_softmax.merge_all``).
+- ``exp2``: log2(e) folded into Qi with the scale, so the row pass works in
+  base 2 and walks a row twice: a vectorised max (``cpu_tile.maximum``), then
+  2**(s - m) and its sum in one loop (``cpu_tile.exp2_and_sum``).
+- ``wide`` (= ``flash_numba_cpu``): PyTorch's CPU tiles (``wide_tiles``:
+  256 x 512 from Nq = 768 on): fewer, longer BLAS calls.
 
 The structure every step shares, ``query_tile``: one place where each tile's
-P is formed (``softmax_tile_*``, then ``round_p``), one where it meets Vj.
+P is formed (``cpu_tile.form_p``), one where it meets Vj.
 
 Precision follows ``rules``: inputs converted to float32 (float64 for float64
 input), S, m, l and Oi in that dtype, P rounded to float16 / bfloat16 before
