@@ -22,9 +22,10 @@ time them side by side; the last step is ``flash_numba_cpu`` itself:
 - ``rowvec``: the scores of a row are scaled, capped, biased and masked by
   whole-row loops with no branch per element; the mask of a PARTIAL tile is
   two index bounds per row, not a test per score.
-- ``balanced``: the work items go heaviest first (most tiles computed) and
-  are handed out one at a time (``numba.set_parallel_chunksize(1)``), so a core
-  that finishes early, or loses its time to another program, takes the next.
+- ``balanced``: the work items sorted by cost (key tiles computed) and laid
+  out heaviest, lightest, second heaviest, second lightest, ...: ``prange``
+  gives each thread one contiguous run of them, and every run then holds the
+  same work, whatever the number of threads.
 - ``tuned``: the tile sizes from this CPU's L2 (``tile_sizes_for``); and
   where there are fewer work items than cores want (decoding: one query
   row), the keys are split across work items and the partial (out, lse)
@@ -91,7 +92,7 @@ class Step:
     what: str
     blas: bool          # tile matmuls by np.dot (BLAS) instead of matmul_nt
     row_vector: bool    # whole-row score loops, masks as index bounds
-    balanced: bool      # heaviest items first, handed out one at a time
+    balanced: bool      # items by cost, heaviest and lightest in turn
     tuned: bool         # tile sizes from the caches; keys split when items are few
     base2: bool = False  # scores in log2 units, two passes over a row (softmax_tile_exp2)
     wide: bool = False   # PyTorch's tiles: 256 query rows (64 below 768) x 512 keys
@@ -104,7 +105,7 @@ STEPS = {
                  True, False, False, False),
     "rowvec": Step("scores scaled, capped and masked by whole-row loops: no branch per score",
                    True, True, False, False),
-    "balanced": Step("heaviest work items first, handed out one at a time", True, True, True, False),
+    "balanced": Step("work items by cost, heaviest and lightest in turn: even runs", True, True, True, False),
     "tuned": Step("tile sizes from the L2 size, keys split across cores when items are few",
                   True, True, True, True),
     "exp2": Step("log2(e) folded into Qi: row max vectorised, exp2 and its sum in one loop",
@@ -251,13 +252,16 @@ if numba is not None:
 
 
 def work_items(batch, heads, tiles, splits, balanced):
-    """The (batch, head, query tile, split) work items, as an (n, 4) int64 array in hand-out order.
+    """The (batch, head, query tile, split) work items, as an (n, 4) int64 array in prange's order.
 
-    Not balanced: query tiles in zigzag order (0, Tr-1, 1, Tr-2, ...), so that
-    each of prange's contiguous runs mixes light and heavy causal tiles.
-    Balanced: heaviest first, by the number of key tiles each item computes
-    (longest-processing-time order); handed out one at a time, no core is
-    left with a heavy item when the others have finished.
+    ``prange`` cuts its range into one contiguous run per thread before it
+    starts (measured: ``numba.set_parallel_chunksize(1)`` does not make it
+    hand items out one at a time here, and heaviest first cut in runs gives
+    one thread every heavy causal item).  Not balanced: query tiles in zigzag
+    order (0, Tr-1, 1, Tr-2, ...) within each head.  Balanced: every item
+    sorted by the number of key tiles it computes, then laid out heaviest,
+    lightest, second heaviest, second lightest, ...: any contiguous run of
+    them holds about its share of the work, across heads and splits too.
     """
     Tr, Tc = tiles.shape
     zigzag = [z // 2 if z % 2 == 0 else Tr - 1 - z // 2 for z in range(Tr)]
@@ -269,6 +273,10 @@ def work_items(batch, heads, tiles, splits, balanced):
         lo, hi = items[:, 3] * Tc // splits, (items[:, 3] + 1) * Tc // splits
         cost = computed[items[:, 2], hi] - computed[items[:, 2], lo]
         items = items[np.argsort(-cost, kind="stable")]
+        n = len(items)                                  # heaviest, lightest, 2nd heaviest, 2nd lightest, ...
+        snake = np.empty(n, np.int64)
+        snake[0::2], snake[1::2] = np.arange((n + 1) // 2), np.arange(n - 1, (n + 1) // 2 - 1, -1)
+        items = items[snake]
     return items
 
 
@@ -294,7 +302,6 @@ def run_kernel(launch, q, k, v, step=FINAL_STEP, splits=None):
     out = np.empty((splits, B, H, Nq, v.shape[3]), dtype=launch.acc_dtype)
     lse = np.empty((splits, B, H, Nq), dtype=launch.acc_dtype)
     items = work_items(B, H, launch.tiles, splits, config.balanced)
-    chunk = numba.set_parallel_chunksize(1 if config.balanced else 0)
     blas = _BLAS[0] if config.blas else None
     blas_threads = blas.scipy_openblas_get_num_threads() if blas is not None else None
     if blas is not None:
@@ -308,7 +315,6 @@ def run_kernel(launch, q, k, v, step=FINAL_STEP, splits=None):
     except numba.core.errors.NumbaError as error:
         raise RuntimeError(f"flash_numba_cpu failed to compile for {q.dtype} inputs: {error}") from error
     finally:
-        numba.set_parallel_chunksize(chunk)
         if blas is not None:
             blas.scipy_openblas_set_num_threads(blas_threads)
     if splits == 1:
