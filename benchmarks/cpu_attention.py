@@ -27,7 +27,7 @@ chapter 08 plots them:
   one down; the median over the rounds is recorded, and the ratios the
   chapter quotes come from here.
 
-Chapter 08's steps (``--parts steps targets decode tiles roofline``, each part
+Chapter 08's steps (``--parts steps targets decode tiles roofline phases``, each part
 appending records of its own benchmark name):
 
 - ``cpu_steps``: every step of the kernel (``flash_numba_cpu_microkernel`` ...
@@ -38,7 +38,12 @@ appending records of its own benchmark name):
 - ``cpu_decode``: one query row against 32K keys, batch 8, 16 heads;
 - ``cpu_tiles``: flash_numba_cpu's (block_q, block_k) sweep at (1, 8, 2048, 64);
 - ``cpu_roofline``: this machine's float32 matmul rate (numpy's BLAS, every
-  core) and copy bandwidth, measured in a worker of its own.
+  core) and copy bandwidth, measured in a worker of its own;
+- ``cpu_phases``: on one thread, where flash_numba_cpu's time goes at the
+  shapes of ``PHASES``: the kernel, its tile matmuls alone, its row passes
+  alone, and torch on one thread.
+
+Every round records the 1-minute load average its worker saw (``load_1min``).
 
 In ``steps``, ``targets`` and ``decode`` every impl runs in a process of its
 own and the impls alternate, round after round (``--rounds``, at least 3): the
@@ -69,7 +74,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "cpu_attention.jsonl"
 IMPLS = ("naive", "flash_numpy", "flash_numba_cpu", "torch_sdpa_flash")
 STEPS = ("flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
-         "flash_numba_cpu_balanced", "flash_numba_cpu")
+         "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu")
+PHASES = (((1, 8, 4096, 64), False), ((1, 8, 4096, 128), False), ((1, 8, 1024, 64), False))
 STEPS_SHAPE = (1, 8, 2048, 64)
 TARGETS = (((1, 8, 4096, 64), False), ((1, 8, 4096, 128), False), ((1, 8, 4096, 64), True),
            ((1, 8, 1024, 64), False), ((1, 8, 2048, 64), False))
@@ -160,7 +166,7 @@ def worker(impl, shape, causal, nq=None, tiles=None):
         if peak is None:
             peak = resident_bytes("VmHWM") - before
     print(json.dumps({"time_s": float(np.median(times)), "min_s": min(times), "repeats": len(times), "times_s": times,
-                      "peak_bytes": int(peak), "warmup_s": warmup_s}))
+                      "peak_bytes": int(peak), "warmup_s": warmup_s, "load_1min": os.getloadavg()[0]}))
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -328,10 +334,12 @@ def record_rounds(out, benchmark, run, env, results):
         bench.append_record(out, benchmark=benchmark, run=run, env=env, impl=impl,
                             shape=(B, H, nq or N, N, D), dtype="float32", causal=causal,
                             rounds_s=times, worker_times_s=[r["times_s"] for r in rs],
+                            load_1min=[r.get("load_1min") for r in rs],
                             peak_bytes=int(np.median([r["peak_bytes"] for r in rs])),
                             process="own, one per impl per round, impls alternated", **spread(times))
         print(f"  {impl:>28} {shape} {'causal' if causal else 'full'} nq={nq or N}: "
-              f"min {min(times):.3f}  median {np.median(times):.3f}  max {max(times):.3f} s")
+              f"min {min(times):.3f}  median {np.median(times):.3f}  max {max(times):.3f} s"
+              f"  (load {', '.join(format(r.get('load_1min') or 0, '.1f') for r in rs)})")
 
 
 def run_parts(parts, rounds, out):
@@ -361,6 +369,14 @@ def run_parts(parts, rounds, out):
         B, H, N, D = DECODE
         cases = [(impl, (B, H, N, D), False, 1) for impl in ("flash_numba_cpu", torch_impl)]
         record_rounds(out, "cpu_decode", run, env, alternated(cases, rounds, "decode"))
+    if "phases" in parts:
+        for shape, causal in PHASES:
+            r = run_worker(["--phases", *map(str, shape)])
+            B, H, N, D = shape
+            bench.append_record(out, benchmark="cpu_phases", run=run, env=env, impl="flash_numba_cpu",
+                                shape=(B, H, N, N, D), dtype="float32", causal=causal, time_s=r["kernel_s"], **r)
+            print(f"  phases {shape}, one thread, tiles {r['tiles']}: kernel {r['kernel_s']:.3f} s, matmuls alone "
+                  f"{r['matmuls_s']:.3f} s, row passes alone {r['row_pass_s']:.3f} s, torch {r['torch_s']:.3f} s")
     if "tiles" in parts:
         from tqdm import tqdm
         for tiles in tqdm(TILE_SWEEP, desc="tiles", unit="tile"):
@@ -371,6 +387,70 @@ def run_parts(parts, rounds, out):
                                 time_s=r["min_s"], times_s=r["times_s"])
             tqdm.write(f"  tiles {tiles}: {r['min_s']:.3f} s (fastest of {len(r['times_s'])})")
     print(f"records appended to {out}")
+
+
+def phases_worker(shape, repeats=3):
+    """Where one thread's time goes in flash_numba_cpu at ``shape``: the kernel, its tile matmuls alone
+    (the same np.dot calls on the same tiles), its row passes alone (form_p on a tile of scores, as
+    many times as the kernel calls it), and torch on one thread; the fastest of ``repeats`` each."""
+    import numba
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import course_lib
+    from course_lib.core import rules
+    from course_lib.kernels import flash_numba_cpu as fnc
+    numba.set_num_threads(1)
+    torch.set_num_threads(1)
+    fnc.scipy_openblas().scipy_openblas_set_num_threads(1)
+    B, H, N, D = shape
+    q, k, v = inputs(shape)
+    Br, Bc = fnc.wide_tiles(N)
+
+    @numba.njit
+    def matmuls(q, k, v, Br, Bc):
+        S, PV = np.empty((Br, Bc), q.dtype), np.empty((Br, v.shape[3]), q.dtype)
+        for h in range(q.shape[1]):
+            for r0 in range(0, q.shape[2], Br):
+                for c0 in range(0, k.shape[2], Bc):
+                    np.dot(q[0, h, r0:r0 + Br], k[0, h, c0:c0 + Bc].T, S)
+                    np.dot(S, v[0, h, c0:c0 + Bc], PV)
+
+    @numba.njit
+    def row_passes(scores, tiles, Dv, form):
+        Br, Bc = scores.shape
+        S = np.empty_like(scores)
+        m, l, Oi = np.full(Br, -np.inf, np.float32), np.zeros(Br, np.float32), np.zeros((Br, Dv), np.float32)
+        bits = np.zeros(Bc, np.int32)
+        for _ in range(tiles):
+            S[:] = scores                                              # a fresh tile of scores, as the GEMM writes it
+            if form:
+                fnc.form_p(S, Br, Bc, 0, 0, rules.FULL, np.float32(1), np.float32(0), False, 0.0, 0, -1, -1, True,
+                           True, True, 0, 0, m, l, Oi, bits)
+
+    def fastest(call):
+        call()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    scores = (np.random.default_rng(1).standard_normal((Br, Bc)) * 2).astype(np.float32)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+
+    def torch_call():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
+            torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    tiles = H * -(-N // Br) * -(-N // Bc)
+    copy_s = fastest(lambda: row_passes(scores, tiles, D, False))     # the copies alone, taken off below
+    print(json.dumps({
+        "kernel_s": fastest(lambda: course_lib.attention(q, k, v, impl="flash_numba_cpu")),
+        "matmuls_s": fastest(lambda: matmuls(q, k, v, Br, Bc)),
+        "row_pass_s": fastest(lambda: row_passes(scores, tiles, D, True)) - copy_s,
+        "torch_s": fastest(torch_call), "tiles": [Br, Bc], "threads": 1, "load_1min": os.getloadavg()[0],
+        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (form_p), torch"}))
 
 
 def roofline_worker(runs=7):
@@ -400,11 +480,13 @@ if __name__ == "__main__":
         impl, B, H, N, D, causal = sys.argv[2], *map(int, sys.argv[3:8])
         nq, br, bc = (list(map(int, sys.argv[8:11])) + [0, 0, 0])[:3]
         worker(impl, (B, H, N, D), bool(causal), nq or None, (br, bc) if br else None)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--phases":
+        phases_worker(tuple(map(int, sys.argv[2:6])))
     elif len(sys.argv) > 1 and sys.argv[1] == "--roofline":
         roofline_worker()
     elif len(sys.argv) > 1 and sys.argv[1] == "--parts":
         parser = argparse.ArgumentParser()
-        parser.add_argument("--parts", nargs="+", choices=("roofline", "steps", "targets", "decode", "tiles"))
+        parser.add_argument("--parts", nargs="+", choices=("roofline", "steps", "targets", "decode", "tiles", "phases"))
         parser.add_argument("--rounds", type=int, default=3)
         parser.add_argument("--out", type=Path, default=RECORDS)
         parts_args = parser.parse_args()

@@ -11,7 +11,7 @@ from course_lib.core.options import attention_options
 from course_lib.kernels import flash_numba_cpu as fnc
 
 STEP_IMPLS = ["flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
-              "flash_numba_cpu_balanced", "flash_numba_cpu"]
+              "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu"]
 
 
 def qkv(shape_q, shape_kv, dv=None, dtype=np.float32, seed=0):
@@ -69,11 +69,11 @@ def test_tile_sizes_fill_at_most_half_the_l2():
     assert fnc.tile_sizes_for(64, 64, 4, 16 * 1024) == (64, 64)    # never below the course's tile
 
 
-def test_balanced_items_go_heaviest_first():
+def test_balanced_items_alternate_heaviest_and_lightest():
     tiles = np.array([[rules.FULL if c <= r else rules.EMPTY for c in range(4)] for r in range(4)], np.int8)
     items = fnc.work_items(1, 2, tiles, 1, balanced=True)
     cost = [int(np.count_nonzero(tiles[t] != rules.EMPTY)) for t in items[:, 2]]
-    assert cost == sorted(cost, reverse=True) and cost[0] == 4 and cost[-1] == 1
+    assert cost == [4, 1, 4, 1, 3, 2, 3, 2]
     zigzag = fnc.work_items(1, 1, tiles, 1, balanced=False)
     assert zigzag[:, 2].tolist() == [0, 3, 1, 2]
     assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, fnc.work_items(1, 2, tiles, 1, False).tolist()))
@@ -103,3 +103,28 @@ def test_a_split_that_sees_no_key_adds_nothing():
                                                      window_size=(2, 0))
     out, lse = fnc.flash_forward(q, k, v, opts, opts.mask(3, 64), splits=4)  # the first splits see nothing
     checks.check_attention(out, q, k, v, lse=lse, window_size=(2, 0))
+
+
+def test_the_host_copies_no_input_that_is_already_contiguous_in_the_accumulation_dtype():
+    from course_lib.kernels import launch
+    q, k, v = qkv((1, 2, 8, 4), (1, 2, 8, 4))
+    opts = attention_options(batch=1, heads=2, head_dim=4)
+    _, qa, ka, va = launch.prepare(q, k, v, opts, opts.mask(8, 8), 4, 4)
+    assert np.shares_memory(qa, q) and np.shares_memory(ka, k) and np.shares_memory(va, v)
+    q16 = q.astype(np.float16)
+    _, qa, _, _ = launch.prepare(q16, k, v, opts, opts.mask(8, 8), 4, 4)
+    assert qa.dtype == np.float32 and not np.shares_memory(qa, q16)
+
+
+def test_the_wide_step_takes_pytorchs_tiles():
+    assert [fnc.wide_tiles(n) for n in (1, 191, 192, 767, 768, 4096)] == [(32, 512), (32, 512), (64, 512),
+                                                                          (64, 512), (256, 512), (256, 512)]
+
+
+def test_balanced_items_give_each_threads_run_the_same_work():
+    tiles = np.array([[rules.FULL if c <= r else rules.EMPTY for c in range(8)] for r in range(8)], np.int8)
+    items = fnc.work_items(1, 2, tiles, 1, balanced=True)
+    cost = np.array([int(np.count_nonzero(tiles[t] != rules.EMPTY)) for t in items[:, 2]])
+    for runs in (2, 4):                                   # prange's contiguous runs, one per thread
+        shares = [int(run.sum()) for run in np.array_split(cost, runs)]
+        assert max(shares) - min(shares) <= 8             # sorted heaviest first and cut in two: 52 against 20

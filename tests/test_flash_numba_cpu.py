@@ -17,6 +17,7 @@ import course_lib
 from course_lib import checks, kernels
 from course_lib.core.options import attention_options
 from course_lib.core import rules
+from course_lib.kernels import cpu_tile
 from course_lib.kernels import flash_numba_cpu as fnc
 from course_lib.kernels import launch
 
@@ -171,3 +172,44 @@ def test_a_compile_failure_is_an_error_naming_the_kernel(monkeypatch):
     q = np.zeros((1, 1, 4, 4), np.float32)
     with pytest.raises(RuntimeError, match="flash_numba_cpu failed to compile for float32 inputs: cannot type this"):
         course_lib.attention(q, q, q, impl="flash_numba_cpu")
+
+
+# -- the base-2 row pass (steps exp2 and after) ------------------------------------------
+
+def test_exp2_and_sum_is_within_three_ulps_and_exact_at_the_edges():
+    rng = np.random.default_rng(3)
+    x = np.concatenate([-rng.random(20000) * 126, -rng.random(1000) * 1e-3, [0.0, -1.0, -0.5]]).astype(np.float32)
+    p = x.copy()
+    total = cpu_tile.exp2_and_sum(p, p.size, np.float32(0.0))
+    exact = np.exp2(x.astype(np.float64))
+    assert np.max(np.abs(p - exact) / exact) <= 3 * np.finfo(np.float32).eps
+    assert math.isclose(total, exact.sum(), rel_tol=1e-5)
+    edges = np.array([-np.inf, -1e30, -127.5, np.nan, 0.0, 2.5], np.float32)
+    cpu_tile.exp2_and_sum(edges, 6, np.float32(2.5))
+    assert edges[0] == 0 and edges[1] == 0 and edges[2] == 0 and np.isnan(edges[3]) and edges[5] == 1.0
+    assert math.isclose(edges[4], 2.0 ** -2.5, rel_tol=3e-7)
+
+
+def test_the_row_max_lets_a_nan_through_from_either_side():
+
+    @numba.njit
+    def row_max(row):
+        m = np.float32(-np.inf)
+        for c in range(row.size):
+            m = cpu_tile.maximum(m, row[c])
+        return m
+    row = np.array([1.0, -np.inf, 3.0, -0.0] * 8, np.float32)
+    assert row_max(row) == 3.0
+    row[5] = np.nan
+    assert np.isnan(row_max(row))
+    assert row_max(np.full(16, -np.inf, np.float32)) == -np.inf
+
+
+@pytest.mark.parametrize("options", [dict(causal=True), dict(softcap=2.0), dict(window_size=(3, 1)),
+                                     dict(alibi_slopes=np.array([0.3, 0.7]))])
+def test_scores_in_log2_units_give_natural_log_lse(options):
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((1, 2, 50, 16)).astype(np.float32) for _ in range(3))
+    for impl in ("flash_numba_cpu_exp2", "flash_numba_cpu"):
+        out, lse = course_lib.attention(q, k, v, impl=impl, block_q=16, block_k=24, return_lse=True, **options)
+        checks.check_attention(out, q, k, v, lse=lse, block_q=16, block_k=24, **options)

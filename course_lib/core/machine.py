@@ -6,6 +6,7 @@ measured with ``cpu_model``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -44,7 +45,13 @@ def cpu_cores() -> dict:
 
 def cache_sizes() -> dict:
     """Data cache bytes per core by level, e.g. {1: 32768, 2: 1048576, 3: 33554432}
-    (Linux sysfs; empty where the system does not say).  Level 3 is shared."""
+    (Linux sysfs; empty where the system does not say).  Level 3 is shared.
+    Read once a process: a kernel asks on every call."""
+    return dict(_cache_sizes())
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_sizes() -> dict:
     base = "/sys/devices/system/cpu/cpu0/cache"
     sizes = {}
     try:

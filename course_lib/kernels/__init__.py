@@ -16,8 +16,10 @@ impl                     what it changes                                        
 ``..._cpu_microkernel``  chapter 08: ``flash_numpy``'s loops compiled, a 4 x 2 micro-kernel
 ``flash_numba_cpu_blas`` the two tile matmuls by ``np.dot`` inside njit (SciPy's BLAS)
 ``..._cpu_rowvec``       a row's scores scaled, capped and masked with no branch per score
-``..._cpu_balanced``     work items heaviest first, handed out one at a time
-``flash_numba_cpu``      tiles sized by the L2; keys split across cores when items are few
+``..._cpu_balanced``     work items by cost, heaviest and lightest in turn: even runs
+``..._cpu_tuned``        tiles sized by the L2; keys split across cores when items are few
+``..._cpu_exp2``         base 2: the row max vectorised, exp2 and its sum in one loop
+``flash_numba_cpu``      PyTorch's tiles, 256 x 512: half as many BLAS calls, each longer
 ``flash_numba_cuda``     chapter 09: one thread per query row, K / V tiles in shared memory
 ``cuda_row``             chapter 10 starts from chapter 09's kernel, unchanged                 16.2 / 8.9
 ``cuda_row_exp2``        base 2: log2(e) folded into the scale, ``exp2`` one ``ex2.approx``    16.6 / 9.0
@@ -107,9 +109,11 @@ IMPLS = {
     "flash_numba_cpu_microkernel": _cpu_step("microkernel", "flash_numpy's loops compiled, a 4 x 2 micro-kernel"),
     "flash_numba_cpu_blas": _cpu_step("blas", "tile matmuls by np.dot: SciPy's BLAS inside njit"),
     "flash_numba_cpu_rowvec": _cpu_step("rowvec", "scores scaled and masked by whole-row loops, no branch"),
-    "flash_numba_cpu_balanced": _cpu_step("balanced", "heaviest work items first, one at a time"),
+    "flash_numba_cpu_balanced": _cpu_step("balanced", "work items by cost, heaviest and lightest in turn"),
+    "flash_numba_cpu_tuned": _cpu_step("tuned", "tiles sized by the L2, keys split when items are few"),
+    "flash_numba_cpu_exp2": _cpu_step("exp2", "base 2: the row max vectorised, exp2 and its sum in one loop"),
     "flash_numba_cpu": Impl("course_lib.kernels.flash_numba_cpu",
-                            "tiles sized by the L2, keys split when items are few (chapter 08)"),
+                            "PyTorch's tiles (256 x 512), on the base-2 row pass (chapter 08)"),
     "flash_numba_cuda": Impl("course_lib.kernels.flash_numba_cuda",
                              "one CUDA thread per query row, K / V tiles in shared memory (chapter 09)", cuda=True),
     "cuda_row": _step("row", "chapter 10's start: chapter 09's kernel, unchanged"),

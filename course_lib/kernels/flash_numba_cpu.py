@@ -22,17 +22,22 @@ time them side by side; the last step is ``flash_numba_cpu`` itself:
 - ``rowvec``: the scores of a row are scaled, capped, biased and masked by
   whole-row loops with no branch per element; the mask of a PARTIAL tile is
   two index bounds per row, not a test per score.
-- ``balanced``: the work items go heaviest first (most tiles computed) and
-  are handed out one at a time (``numba.set_parallel_chunksize(1)``), so a core
-  that finishes early, or loses its time to another program, takes the next.
-- ``tuned`` (= ``flash_numba_cpu``): the tile sizes from this CPU's L2
-  (``tile_sizes_for``), as a sweep on this machine chose; and where there are
-  fewer work items than cores want (decoding: one query row), the keys are
-  split across work items and the partial (out, lse) merged with the lse rule
-  (``core.online_softmax.merge_all``).
+- ``balanced``: the work items sorted by cost (key tiles computed) and laid
+  out heaviest, lightest, second heaviest, second lightest, ...: ``prange``
+  gives each thread one contiguous run of them, and every run then holds the
+  same work, whatever the number of threads.
+- ``tuned``: the tile sizes from this CPU's L2 (``tile_sizes_for``); and
+  where there are fewer work items than cores want (decoding: one query
+  row), the keys are split across work items and the partial (out, lse)
+  merged with the lse rule (``core.online_softmax.merge_all``).
+- ``exp2``: log2(e) folded into Qi with the scale, so the row pass works in
+  base 2 and walks a row twice: a vectorised max (``cpu_tile.maximum``), then
+  2**(s - m) and its sum in one loop (``cpu_tile.exp2_and_sum``).
+- ``wide`` (= ``flash_numba_cpu``): PyTorch's CPU tiles (``wide_tiles``:
+  256 x 512 from Nq = 768 on): fewer, longer BLAS calls.
 
 The structure every step shares, ``query_tile``: one place where each tile's
-P is formed (``softmax_tile_*``, then ``round_p``), one where it meets Vj.
+P is formed (``cpu_tile.form_p``), one where it meets Vj.
 
 Precision follows ``rules``: inputs converted to float32 (float64 for float64
 input), S, m, l and Oi in that dtype, P rounded to float16 / bfloat16 before
@@ -57,7 +62,6 @@ load the machine code.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,15 +76,13 @@ from ..core.machine import cache_sizes
 from ..core.online_softmax import merge_all
 from ..core.reference import nan_lse_where_out_is_nan
 from . import launch as host
+from .cpu_tile import FASTMATH, LN2, LOG2E
 
-# What fastmath may do here (see the module docstring): no 'nnan', no 'ninf'.
-FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
-# exp_row's constants: ln 2 split in two (Cody and Waite), and exp(r) on
-# [-ln 2, 0] as a degree-6 polynomial (Chebyshev fit, coefficients in float32).
-LOG2E = 1.4426950408889634
-LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
-EXP_POLY = (1.0, 0.9999997615814209, 0.4999949038028717, 0.1666249781847,
-            0.041497647762298584, 0.007970437407493591, 0.0009860550053417683)
+if numba is not None:
+    from .cpu_tile import (alibi_distance, exp_and_sum, exp_row, finalize, form_p, matmul_nt, max_nan,  # noqa: F401
+                           rescale, round_p, round_to_bits, shift_of, softcap, softmax_tile_exp2,
+                           softmax_tile_scalar, softmax_tile_vector, visible)
+
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,10 @@ class Step:
     what: str
     blas: bool          # tile matmuls by np.dot (BLAS) instead of matmul_nt
     row_vector: bool    # whole-row score loops, masks as index bounds
-    balanced: bool      # heaviest items first, handed out one at a time
+    balanced: bool      # items by cost, heaviest and lightest in turn
     tuned: bool         # tile sizes from the caches; keys split when items are few
+    base2: bool = False  # scores in log2 units, two passes over a row (softmax_tile_exp2)
+    wide: bool = False   # PyTorch's tiles: 256 query rows (64 below 768) x 512 keys
 
 
 STEPS = {
@@ -101,11 +105,15 @@ STEPS = {
                  True, False, False, False),
     "rowvec": Step("scores scaled, capped and masked by whole-row loops: no branch per score",
                    True, True, False, False),
-    "balanced": Step("heaviest work items first, handed out one at a time", True, True, True, False),
+    "balanced": Step("work items by cost, heaviest and lightest in turn: even runs", True, True, True, False),
     "tuned": Step("tile sizes from the L2 size, keys split across cores when items are few",
                   True, True, True, True),
+    "exp2": Step("log2(e) folded into Qi: row max vectorised, exp2 and its sum in one loop",
+                 True, True, True, True, base2=True),
+    "wide": Step("PyTorch's tiles, 256 x 512: half as many BLAS calls, each longer",
+                 True, True, True, True, base2=True, wide=True),
 }
-FINAL_STEP = "tuned"
+FINAL_STEP = "wide"
 MIN_ITEMS_PER_THREAD = 4    # fewer (batch, head, query tile) items than this per thread: split the keys
 
 
@@ -156,194 +164,16 @@ def tile_sizes_for(head_dim, head_dim_v, itemsize, l2_bytes=None):
     return best
 
 
+def wide_tiles(seqlen_q):
+    """PyTorch's CPU FlashAttention tiles (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp):
+    256 query rows from 768 on, 64 from 192, else 32, and 512 keys."""
+    return (256 if seqlen_q >= 768 else 64 if seqlen_q >= 192 else 32), 512
+
+
 if numba is not None:
-    _rule = numba.njit(cache=True)
-    visible = _rule(rules.visible)
-    alibi_distance = _rule(rules.alibi_distance)
-    softcap = _rule(rules.softcap)
-    max_nan = _rule(rules.max_nan)
-    shift_of = _rule(rules.shift_of)
-    rescale = _rule(rules.rescale)
-    finalize = _rule(rules.finalize)
-    round_to_bits = _rule(rules.round_to_bits)
-
-    @numba.njit(cache=True, fastmath={"contract"})
-    def exp_row(P, n, shift, exponent_bits):
-        """P[:n] = exp(P[:n] - shift) in float32, for scores at or below ``shift``.
-
-        libm's ``exp`` is a function call per element, which the compiler cannot
-        turn into SIMD code.  This one can: x = k ln 2 + r with k an integer and
-        r in (-ln 2, 0], exp(r) from a degree-6 polynomial (1.2 ulp at most),
-        and 2**k built from its exponent bits.  Below -87 (2**k would leave
-        float32's normal range) the result is exactly 0, so a masked score
-        (-inf) gives p = 0; a NaN stays NaN.  Only 'contract' (fused
-        multiply-add) is allowed here: reassociating would undo the two-step
-        subtraction of k ln 2 that keeps r exact.
-        """
-        for c in range(n):
-            x = P[c] - shift
-            underflow = x < np.float32(-87.0)
-            if underflow:
-                x = np.float32(-87.0)
-            k = np.int32(x * np.float32(LOG2E))             # toward 0: k >= x / ln 2
-            r = x - np.float32(k) * np.float32(LN2_HI)       # exact: k and LN2_HI have few bits
-            r = r - np.float32(k) * np.float32(LN2_LO)
-            p = np.float32(EXP_POLY[6])
-            for i in range(5, -1, -1):                       # Horner
-                p = p * r + np.float32(EXP_POLY[i])
-            P[c] = p
-            exponent_bits[c] = 0 if underflow else (k + np.int32(127)) << 23
-        two_to_k = exponent_bits.view(np.float32)            # the float32 with exponent k, mantissa 1
-        for c in range(n):
-            P[c] *= two_to_k[c]
-
-    @numba.njit(cache=True, fastmath=FASTMATH)
-    def matmul_nt(A, B, C, n_rows, n_cols, depth):
-        """C[:n_rows, :n_cols] = A[:n_rows, :depth] @ B[:n_cols, :depth]^T.
-
-        A block of 4 rows x 2 columns of C is summed in 8 scalars, which the
-        compiler keeps in SIMD registers while the loop over ``depth`` streams
-        A and B along their contiguous axis: 6 loads feed 8 multiply-adds.
-        n_rows must be a multiple of 4 and n_cols of 2 (the buffers are padded).
-        """
-        zero = C.dtype.type(0)
-        for r in range(0, n_rows, 4):
-            for c in range(0, n_cols, 2):
-                s00 = zero; s01 = zero; s10 = zero; s11 = zero
-                s20 = zero; s21 = zero; s30 = zero; s31 = zero
-                for d in range(depth):
-                    b0 = B[c, d]
-                    b1 = B[c + 1, d]
-                    a = A[r, d]
-                    s00 += a * b0
-                    s01 += a * b1
-                    a = A[r + 1, d]
-                    s10 += a * b0
-                    s11 += a * b1
-                    a = A[r + 2, d]
-                    s20 += a * b0
-                    s21 += a * b1
-                    a = A[r + 3, d]
-                    s30 += a * b0
-                    s31 += a * b1
-                C[r, c] = s00
-                C[r, c + 1] = s01
-                C[r + 1, c] = s10
-                C[r + 1, c + 1] = s11
-                C[r + 2, c] = s20
-                C[r + 2, c + 1] = s21
-                C[r + 3, c] = s30
-                C[r + 3, c + 1] = s31
-
-    @numba.njit(cache=True, fastmath=FASTMATH)
-    def exp_and_sum(P, n, shift, fast_exp, exponent_bits):
-        """P[:n] = exp(P[:n] - shift); returns their sum (l sums the unrounded P)."""
-        if fast_exp:
-            exp_row(P, n, P.dtype.type(shift), exponent_bits)
-        else:
-            for c in range(n):
-                P[c] = math.exp(P[c] - shift)
-        row_sum = P.dtype.type(0)
-        for c in range(n):
-            row_sum += P[c]
-        return row_sum
-
-    @numba.njit(cache=True, fastmath=FASTMATH)
-    def softmax_tile_scalar(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
-                            fast_exp, m, l, Oi, exponent_bits):
-        """Sij -> Pij in place, (m, l) updated, Oi rescaled: each score through the scalar rules."""
-        dtype = S.dtype.type
-        for r in range(n_r):
-            i = i0 + r
-            m_new = m[r]
-            for c in range(n_c):              # the scores of row i, and their max
-                j = j0 + c
-                s = softcap(S[r, c] * scale, cap)
-                if alibi:
-                    s -= dtype(slope * alibi_distance(i, j, offset))
-                if kind == rules.PARTIAL and not visible(i, j, offset, left, right):
-                    s = -np.inf
-                S[r, c] = s
-                m_new = max_nan(m_new, s)
-            alpha = dtype(rescale(m[r], m_new))   # how far the old max was too small
-            row_sum = exp_and_sum(S[r], n_c, shift_of(m_new), fast_exp, exponent_bits)
-            l[r] = alpha * l[r] + row_sum
-            m[r] = m_new
-            for e in range(Oi.shape[1]):
-                Oi[r, e] *= alpha
-
-    @numba.njit(cache=True, fastmath=FASTMATH)
-    def softmax_tile_vector(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
-                            fast_exp, m, l, Oi, exponent_bits):
-        """``softmax_tile_scalar`` with every per-score loop branch-free, so each one vectorises.
-
-        Scale (and cap, and ALiBi's bias) are whole-row passes; a PARTIAL tile's
-        mask is the row's window [centre - left, centre + right] cut to the
-        tile, two bounds, and the scores outside are set to -inf; the max is a
-        plain reduction (a NaN score still reaches P, l and so the output).
-        """
-        dtype = S.dtype.type
-        neg_inf = dtype(-np.inf)
-        for r in range(n_r):
-            i = i0 + r
-            row = S[r]
-            if cap > 0:
-                inv_cap = dtype(1) / cap
-                for c in range(n_c):
-                    row[c] = cap * math.tanh(row[c] * scale * inv_cap)
-            elif scale != 1:
-                for c in range(n_c):
-                    row[c] *= scale
-            if alibi:
-                centre = i + offset - j0          # the row's diagonal, in tile columns
-                for c in range(n_c):
-                    row[c] -= dtype(slope * abs(centre - c))
-            if kind == rules.PARTIAL:             # keys j0 + c with lo <= c < hi are visible
-                lo, hi = 0, n_c
-                if left >= 0:
-                    lo = min(max(i + offset - left - j0, 0), n_c)
-                if right >= 0:
-                    hi = max(min(i + offset + right + 1 - j0, n_c), lo)
-                for c in range(lo):
-                    row[c] = neg_inf
-                for c in range(hi, n_c):
-                    row[c] = neg_inf
-            m_tile = neg_inf
-            for c in range(n_c):
-                m_tile = max(m_tile, row[c])
-            m_new = max(m[r], m_tile)
-            alpha = dtype(rescale(m[r], m_new))
-            row_sum = exp_and_sum(row, n_c, shift_of(m_new), fast_exp, exponent_bits)
-            l[r] = alpha * l[r] + row_sum
-            m[r] = m_new
-            for e in range(Oi.shape[1]):
-                Oi[r, e] *= alpha
-
-    @numba.njit(cache=True)
-    def round_p(S, n_r, n_c, round_bits, round_min_exponent):
-        """P as the matrix unit would take it: float16 / bfloat16 inputs round P before P V."""
-        if round_bits > 0:
-            dtype = S.dtype.type
-            for r in range(n_r):
-                for c in range(n_c):
-                    S[r, c] = dtype(round_to_bits(S[r, c], round_bits, round_min_exponent))
-
-    @numba.njit(cache=True, fastmath=FASTMATH)
-    def form_p(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right, fast_exp,
-               row_vector, round_bits, round_min_exponent, m, l, Oi, exponent_bits):
-        """The one place a tile's P is formed, in place of its S: the online softmax
-        (m, l and Oi's rescaling updated), then P as the matrix unit takes it."""
-        if row_vector:
-            softmax_tile_vector(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
-                                fast_exp, m, l, Oi, exponent_bits)
-        else:
-            softmax_tile_scalar(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
-                                fast_exp, m, l, Oi, exponent_bits)
-        round_p(S, n_r, n_c, round_bits, round_min_exponent)
-
     @numba.njit(cache=True, fastmath=FASTMATH)
     def query_tile(q, k, v, b, h, kh, r0, r1, tc_lo, tc_hi, tiles_row, Bc, scale, cap, alibi, slope,
-                   offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector,
+                   offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector, base2,
                    out, lse):
         """One work item: query rows [r0, r1) of (batch b, head h) against key tiles [tc_lo, tc_hi) of head kh.
 
@@ -356,6 +186,8 @@ if numba is not None:
         if blas:     # contiguous tiles for np.dot; Qi, Kj and Vj are views of q, k, v
             S_flat = np.empty(n_r * Bc, q.dtype)
             PV = np.empty((n_r, Dv), q.dtype)
+            if base2:                             # scores in log2 units: 2**(s log2 e) = e**s
+                scale = scale * q.dtype.type(LOG2E)
             Qi = q[b, h, r0:r1] * scale           # the scale folded into Qi once, not into every Sij
             scale = q.dtype.type(1)
         else:        # the tile buffers ("SRAM"): this work item's own, zero so pads stay finite
@@ -379,7 +211,7 @@ if numba is not None:
                 S = S_flat[:n_r * n_c].reshape((n_r, n_c))
                 np.dot(Qi, k[b, kh, c0:c0 + n_c].T, S)                 # Sij = Qi Kj^T
                 form_p(S, n_r, n_c, r0, c0, kind, scale, cap, alibi, slope, offset, left, right,
-                       fast_exp, row_vector, round_bits, round_min_exponent, m, l, Oi, exponent_bits)
+                       fast_exp, row_vector, base2, round_bits, round_min_exponent, m, l, Oi, exponent_bits)
                 np.dot(S, v[b, kh, c0:c0 + n_c], PV)                    # Oi += Pij Vj
                 Oi += PV
             else:
@@ -389,18 +221,18 @@ if numba is not None:
                         VT_pad[e, c] = v[b, kh, c0 + c, e]
                 matmul_nt(Q_pad, K_pad, S_pad, rows4, (n_c + 1) // 2 * 2, D)
                 form_p(S_pad[:n_r, :n_c], n_r, n_c, r0, c0, kind, scale, cap, alibi, slope, offset, left, right,
-                       fast_exp, row_vector, round_bits, round_min_exponent, m, l, Oi, exponent_bits)
+                       fast_exp, row_vector, base2, round_bits, round_min_exponent, m, l, Oi, exponent_bits)
                 matmul_nt(S_pad, VT_pad, PV_pad, rows4, Dv2, n_c)
                 Oi += PV_pad[:n_r, :Dv]
         for r in range(n_r):                      # divide by l once; write Oi and lse once
-            row_lse, inv_l = finalize(m[r], l[r])
+            row_lse, inv_l = finalize(m[r] * q.dtype.type(LN2) if base2 else m[r], l[r])
             lse[b, h, r0 + r] = row_lse
             for e in range(Dv):
                 out[b, h, r0 + r, e] = Oi[r, e] * q.dtype.type(inv_l)
 
     @numba.njit(cache=True, parallel=True)
     def forward_kernel(q, k, v, items, tiles, kv_head, Br, Bc, splits, scale, cap, alibi, slopes,
-                       offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector,
+                       offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector, base2,
                        out, lse):
         """Every work item, spread over the cores by prange.
 
@@ -416,17 +248,20 @@ if numba is not None:
             query_tile(q, k, v, b, h, kv_head[h], r0, min(r0 + Br, Nq), s * Tc // splits,
                        (s + 1) * Tc // splits, tiles[t], Bc, q.dtype.type(scale), q.dtype.type(cap), alibi,
                        slopes[b, h], offset, left, right, round_bits, round_min_exponent, fast_exp, blas,
-                       row_vector, out[s], lse[s])
+                       row_vector, base2, out[s], lse[s])
 
 
 def work_items(batch, heads, tiles, splits, balanced):
-    """The (batch, head, query tile, split) work items, as an (n, 4) int64 array in hand-out order.
+    """The (batch, head, query tile, split) work items, as an (n, 4) int64 array in prange's order.
 
-    Not balanced: query tiles in zigzag order (0, Tr-1, 1, Tr-2, ...), so that
-    each of prange's contiguous runs mixes light and heavy causal tiles.
-    Balanced: heaviest first, by the number of key tiles each item computes
-    (longest-processing-time order); handed out one at a time, no core is
-    left with a heavy item when the others have finished.
+    ``prange`` cuts its range into one contiguous run per thread before it
+    starts (measured: ``numba.set_parallel_chunksize(1)`` does not make it
+    hand items out one at a time here, and heaviest first cut in runs gives
+    one thread every heavy causal item).  Not balanced: query tiles in zigzag
+    order (0, Tr-1, 1, Tr-2, ...) within each head.  Balanced: every item
+    sorted by the number of key tiles it computes, then laid out heaviest,
+    lightest, second heaviest, second lightest, ...: any contiguous run of
+    them holds about its share of the work, across heads and splits too.
     """
     Tr, Tc = tiles.shape
     zigzag = [z // 2 if z % 2 == 0 else Tr - 1 - z // 2 for z in range(Tr)]
@@ -438,6 +273,10 @@ def work_items(batch, heads, tiles, splits, balanced):
         lo, hi = items[:, 3] * Tc // splits, (items[:, 3] + 1) * Tc // splits
         cost = computed[items[:, 2], hi] - computed[items[:, 2], lo]
         items = items[np.argsort(-cost, kind="stable")]
+        n = len(items)                                  # heaviest, lightest, 2nd heaviest, 2nd lightest, ...
+        snake = np.empty(n, np.int64)
+        snake[0::2], snake[1::2] = np.arange((n + 1) // 2), np.arange(n - 1, (n + 1) // 2 - 1, -1)
+        items = items[snake]
     return items
 
 
@@ -463,7 +302,6 @@ def run_kernel(launch, q, k, v, step=FINAL_STEP, splits=None):
     out = np.empty((splits, B, H, Nq, v.shape[3]), dtype=launch.acc_dtype)
     lse = np.empty((splits, B, H, Nq), dtype=launch.acc_dtype)
     items = work_items(B, H, launch.tiles, splits, config.balanced)
-    chunk = numba.set_parallel_chunksize(1 if config.balanced else 0)
     blas = _BLAS[0] if config.blas else None
     blas_threads = blas.scipy_openblas_get_num_threads() if blas is not None else None
     if blas is not None:
@@ -473,11 +311,10 @@ def run_kernel(launch, q, k, v, step=FINAL_STEP, splits=None):
                        launch.softmax_scale, launch.softcap, launch.alibi, launch.slopes,
                        launch.offset, launch.left, launch.right, launch.round_bits,
                        launch.round_min_exponent, launch.acc_dtype == np.float32, config.blas,
-                       config.row_vector, out, lse)
+                       config.row_vector, config.base2, out, lse)
     except numba.core.errors.NumbaError as error:
         raise RuntimeError(f"flash_numba_cpu failed to compile for {q.dtype} inputs: {error}") from error
     finally:
-        numba.set_parallel_chunksize(chunk)
         if blas is not None:
             blas.scipy_openblas_set_num_threads(blas_threads)
     if splits == 1:
@@ -488,6 +325,8 @@ def run_kernel(launch, q, k, v, step=FINAL_STEP, splits=None):
 
 def default_tiles(step, q, v):
     """(block_q, block_k) a step runs when the call gives none (clamped to the problem by ``flash_forward``)."""
+    if STEPS[step].wide:
+        return wide_tiles(q.shape[2])
     if STEPS[step].tuned:
         return tile_sizes_for(q.shape[3], v.shape[3], rules.acc_dtype(q.dtype).itemsize)
     return host.DEFAULT_TILES["flash_numba_cpu"]
