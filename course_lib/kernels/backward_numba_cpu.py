@@ -63,6 +63,7 @@ def available() -> bool:
 
 
 if numba is not None:
+    from .cpu_tile import alibi_row, hide_outside_window
     from .flash_numba_cpu import exp_row, round_to_bits, shift_of, softcap
 
     softcap_slope = numba.njit(cache=True)(rules.softcap_slope)
@@ -76,10 +77,9 @@ if numba is not None:
     def scores_to_p(S, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, left, right, fast_exp,
                     exponent_bits):
         """S (scaled scores of rows i0.., keys j0..) -> P = exp(S - lse_i) in place, row by row;
-        G = softcap's slope.  The mask of a PARTIAL tile: the row's keys outside [lo, hi) are -inf."""
+        G = softcap's slope.  The mask of a PARTIAL tile: the row's keys outside its window are -inf."""
         n_r, n_c = S.shape
         dtype = S.dtype.type
-        neg_inf = dtype(-np.inf)
         for r in range(n_r):
             i = i0 + r
             row = S[r]
@@ -89,19 +89,9 @@ if numba is not None:
                     row[c] = t
                     G[r, c] = softcap_slope(t, cap)
             if alibi:
-                centre = i + offset - j0          # the row's diagonal, in tile columns
-                for c in range(n_c):
-                    row[c] -= dtype(slope * abs(centre - c))
-            if kind == rules.PARTIAL:             # keys j0 + c with lo <= c < hi are visible
-                lo, hi = 0, n_c
-                if left >= 0:
-                    lo = min(max(i + offset - left - j0, 0), n_c)
-                if right >= 0:
-                    hi = max(min(i + offset + right + 1 - j0, n_c), lo)
-                for c in range(lo):
-                    row[c] = neg_inf
-                for c in range(hi, n_c):
-                    row[c] = neg_inf
+                alibi_row(row, n_c, i + offset - j0, slope)
+            if kind == rules.PARTIAL:             # keys j0 + c outside the row's window are -inf
+                hide_outside_window(row, n_c, i + offset - j0, left, right)
             shift = dtype(shift_of(lse[b, h, i]))   # a row that sees no key: every s is -inf, P = 0
             if fast_exp:
                 exp_row(row, n_c, shift, exponent_bits)

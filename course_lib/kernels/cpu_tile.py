@@ -78,6 +78,29 @@ if numba is not None:
     finalize = _rule(rules.finalize)
     round_to_bits = _rule(rules.round_to_bits)
 
+    @numba.njit(cache=True)
+    def alibi_row(row, n_c, centre, slope):
+        """ALiBi on one row of a tile: score c -= slope |centre - c|, centre = i + offset - j0 (the row's
+        diagonal, in tile columns)."""
+        dtype = row.dtype.type
+        for c in range(n_c):
+            row[c] -= dtype(slope * abs(centre - c))
+
+    @numba.njit(cache=True)
+    def hide_outside_window(row, n_c, centre, left, right):
+        """A PARTIAL tile's mask on one row: the keys outside [lo, hi) (tile columns; centre = i + offset - j0,
+        the window's sides left / right, -1 unbounded) become -inf; a branch per row, none per score."""
+        lo, hi = 0, n_c
+        if left >= 0:
+            lo = min(max(centre - left, 0), n_c)
+        if right >= 0:
+            hi = max(min(centre + right + 1, n_c), lo)
+        neg_inf = row.dtype.type(-np.inf)
+        for c in range(lo):
+            row[c] = neg_inf
+        for c in range(hi, n_c):
+            row[c] = neg_inf
+
     @numba.njit(cache=True, fastmath={"contract"})
     def exp_row(P, n, shift, exponent_bits):
         """P[:n] = exp(P[:n] - shift) in float32, for scores at or below ``shift``.
@@ -206,19 +229,9 @@ if numba is not None:
                 for c in range(n_c):
                     row[c] *= scale
             if alibi:
-                centre = i + offset - j0          # the row's diagonal, in tile columns
-                for c in range(n_c):
-                    row[c] -= dtype(slope * abs(centre - c))
-            if kind == rules.PARTIAL:             # keys j0 + c with lo <= c < hi are visible
-                lo, hi = 0, n_c
-                if left >= 0:
-                    lo = min(max(i + offset - left - j0, 0), n_c)
-                if right >= 0:
-                    hi = max(min(i + offset + right + 1 - j0, n_c), lo)
-                for c in range(lo):
-                    row[c] = neg_inf
-                for c in range(hi, n_c):
-                    row[c] = neg_inf
+                alibi_row(row, n_c, i + offset - j0, slope)
+            if kind == rules.PARTIAL:
+                hide_outside_window(row, n_c, i + offset - j0, left, right)
             m_tile = neg_inf
             for c in range(n_c):
                 m_tile = max(m_tile, row[c])
@@ -278,19 +291,9 @@ if numba is not None:
                 for c in range(n_c):
                     row[c] = cap2 * math.tanh(row[c] * to_natural)
             if alibi:
-                centre = i + offset - j0
-                for c in range(n_c):
-                    row[c] -= dtype(slope * LOG2E * abs(centre - c))
+                alibi_row(row, n_c, i + offset - j0, slope * LOG2E)
             if kind == rules.PARTIAL:
-                lo, hi = 0, n_c
-                if left >= 0:
-                    lo = min(max(i + offset - left - j0, 0), n_c)
-                if right >= 0:
-                    hi = max(min(i + offset + right + 1 - j0, n_c), lo)
-                for c in range(lo):
-                    row[c] = neg_inf
-                for c in range(hi, n_c):
-                    row[c] = neg_inf
+                hide_outside_window(row, n_c, i + offset - j0, left, right)
             m_tile = neg_inf
             for c in range(n_c):
                 m_tile = maximum(m_tile, row[c])
