@@ -94,6 +94,18 @@ def visit_lists(tiles):
     return visit, nvisit
 
 
+def kernel_args(launch, splits):
+    """(the arguments a micro-tiled or tensor-core step takes between (q, k, v) and (out, lse), the split-KV
+    pieces the longest visit list allows): visit lists, tile kinds, K / V heads, and the scale, softcap and
+    ALiBi slopes in log2 units (the kernels work in base 2)."""
+    visit, nvisit = visit_lists(launch.tiles)
+    unit = rules.LOG2E
+    args = (visit, nvisit, launch.tiles, launch.kv_head.astype(np.int32), np.float32(launch.softmax_scale * unit),
+            np.float32(launch.softcap * unit), launch.alibi, (launch.slopes * unit).astype(np.float32),
+            launch.offset, launch.left, launch.right)
+    return args, max(1, min(int(splits), int(nvisit.max()) if nvisit.size else 1))
+
+
 def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     """The kernel and launch of ``step`` for validated dense float32 inputs."""
     if step not in STEPS:
@@ -110,12 +122,7 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     tiling = replace(tiling, Br=Br, Bc=Bc)
     kernel = FACTORY[tiling.vec, tiling.prefetch](tiling, D, Dv)
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, tiling.Br, tiling.Bc)[0]
-    visit, nvisit = visit_lists(launch.tiles)
-    unit = rules.LOG2E       # base 2: scores, softcap and slopes in log2 units
-    args = (visit, nvisit, launch.tiles, launch.kv_head.astype(np.int32), np.float32(launch.softmax_scale * unit),
-            np.float32(launch.softcap * unit), launch.alibi, (launch.slopes * unit).astype(np.float32),
-            launch.offset, launch.left, launch.right)
-    splits = max(1, min(int(splits), int(nvisit.max()) if nvisit.size else 1))
+    args, splits = kernel_args(launch, splits)
     Tr = launch.tiles.shape[0]
     grid = (B * H, Tr, splits) if tiling.vec and tiling.last_first else (Tr, B * H, splits)
     return Plan(step, kernel, grid, tiling.threads,

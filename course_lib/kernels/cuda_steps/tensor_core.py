@@ -56,6 +56,8 @@ from ...core.options import call_forward
 from ...core.reference import nan_lse_where_out_is_nan
 from .. import launch as host
 from .device import on_gpu
+from .run import Plan, kernel_args
+from .run import launcher as run_launcher
 from .tiling import STATIC_SHARED
 
 if numba is not None:
@@ -505,9 +507,9 @@ def kind_of(step, dtype):
                     f"{dtype}: cast them, or use mma_3xtf32 for float32")
 
 
-def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1):
-    """The kernel, grid and arguments of one launch: (kernel, griddim, blockdim, args, splits, out_shape)."""
-    from .run import visit_lists
+def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
+    """One launch of ``step``, decided on the host: ``run``'s Plan (the kernel, the grid (B*H, Tr, S), the
+    arguments of every micro-tiled step), so that ``run.launcher`` launches it and merges split-KV's pieces."""
     kind = kind_of(step, q.dtype)
     B, H, Nq, D = q.shape
     Dv = v.shape[3]
@@ -517,40 +519,24 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1):
                          f"to change them, not block_q / block_k")
     kernel = make_mma_kernel(kind, tiling, D, Dv)
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, tiling.Br, tiling.Bc)[0]
-    visit, nvisit = visit_lists(launch.tiles)
-    unit = rules.LOG2E
-    args = (visit, nvisit, launch.tiles, launch.kv_head.astype(np.int32), np.float32(launch.softmax_scale * unit),
-            np.float32(launch.softcap * unit), launch.alibi, (launch.slopes * unit).astype(np.float32),
-            launch.offset, launch.left, launch.right)
-    splits = max(1, min(int(splits), int(nvisit.max()) if nvisit.size else 1))
+    args, splits = kernel_args(launch, splits)
     grid = (B * H, launch.tiles.shape[0], splits)
-    return kernel, grid, tiling.threads, args, splits, (B, H, Nq, Dv)
+    return Plan(step, kernel, grid, tiling.threads, 0, args, splits, (B, H, Nq, Dv), launch, tiling)
 
 
 def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):
     """(a zero-argument callable that runs one launch on device arrays, out, lse): the inputs converted and
     copied to the device once, here, so that a timing loop times the kernel (and split-KV's merge) alone."""
-    from .merge import make_merge_kernel
-    kernel, grid, threads, args, splits, out_shape = plan(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
+    p = plan(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
     kind = kind_of(step, q.dtype)
     qw, kw, vw = (cuda.to_device(words(x, kind)) for x in (q, k, v))
-    args = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
-    out = cuda.to_device(np.full(out_shape, np.nan, np.float32))
-    lse = cuda.to_device(np.full(out_shape[:3], np.nan, np.float32))
-    if splits == 1:
-        run = kernel[grid, threads]
-        dest = (out.reshape((1, *out_shape)), lse.reshape((1, *out_shape[:3])))
-        return (lambda: run(qw, kw, vw, *args, *dest)), out, lse
-    part_out = cuda.to_device(np.full((splits, *out_shape), np.nan, np.float32))
-    part_lse = cuda.to_device(np.full((splits, *out_shape[:3]), np.nan, np.float32))
-    run = kernel[grid, threads]
-    rows = int(np.prod(out_shape[:3]))
-    fold = make_merge_kernel()[-(-rows // 128), 128]
-
-    def go():
-        run(qw, kw, vw, *args, part_out, part_lse)
-        fold(part_out, part_lse, out, lse)
-    return go, out, lse
+    p = replace(p, args=tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in p.args))
+    out = cuda.to_device(np.full(p.out_shape, np.nan, np.float32))
+    lse = cuda.to_device(np.full(p.out_shape[:3], np.nan, np.float32))
+    parts = (None, None) if p.splits == 1 else (
+        cuda.to_device(np.full((p.splits, *p.out_shape), np.nan, np.float32)),
+        cuda.to_device(np.full((p.splits, *p.out_shape[:3]), np.nan, np.float32)))
+    return run_launcher(p, qw, kw, vw, out, lse, *parts), out, lse
 
 
 def mma_forward(q, k, v, opts, mask, step="mma_f16", *, tiling=None, splits=1):
