@@ -15,6 +15,10 @@ Needs a CUDA GPU (sm_80 or newer), numba-cuda and torch; a benchmark, not a test
   (TF32 off: SIMT) and chapter 10's cuda_tuned (SIMT) in fp32.  CUDA events, warm-up, median of 20.
 - ``causal``: mma_f16 causal vs not at N = 8192.
 - ``decode``: Nq = 1, Nk = 32K, B = 8, H = 16, D = 128, fp16: splits swept, beside torch_sdpa_flash.
+- ``chain``: the last two steps, one change each on top of the tuned (register-staged) tiling: (c)
+  ``ldmatrix`` from swizzled tiles, (d) ``cp.async`` into two stages; each checked at every awkward case,
+  then timed at B*H = 64, N = 4096, D = 64 / 128 beside the peer of its dtype, with the cp.async
+  tiling's warps and tile width swept (the fastest is this run's choice, ``gpu_mma_chain_tuned``).
 """
 from __future__ import annotations
 
@@ -221,9 +225,10 @@ def part_sanitize():
             B, H, Hk, Nq, Nk, D, Dv, options, splits = CASES[name]
             q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, dtype)
             opts = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
-            out, lse = tc.attention(q, k, v, step=step, splits=splits, return_lse=True, **opts)
-            checks.check_attention(out, q, k, v, lse=lse, **opts)
-            log(f"sanitize {step} {name}: ran")
+            for label, tiling in chain(tc.kind_of(step, q.dtype), D, Dv):
+                out, lse = tc.attention(q, k, v, step=step, tiling=tiling, splits=splits, return_lse=True, **opts)
+                checks.check_attention(out, q, k, v, lse=lse, **opts)
+                log(f"sanitize {step} {label} {name}: ran")
 
 
 RUN_FLAGS = [f for f in ("--staged-only",) if f in sys.argv]
@@ -237,7 +242,7 @@ def variants_of(kind, D):
     """The tilings tried: the default and one change each (loads staged or not, the next tile prefetched,
     8 warps instead of 4, fewer keys a tile: fewer registers)."""
     from dataclasses import replace
-    base = tc.default_tiling(kind, D, D)
+    base = tc.staged_tiling(kind, D, D)
     out = [] if "--staged-only" in RUN_FLAGS else [replace(base, staged=False, prefetch=False),
                                                      replace(base, staged=True, prefetch=True)]
     for warps in (4, 8):
@@ -285,15 +290,85 @@ def part_variants():
                                   "prefetch": best[1].prefetch}, "median_s": best[0]})
 
 
+def chain(kind, D, Dv=None):
+    """(name, tiling) of the chain's steps at head dim D: the tuned tiling, then ldmatrix, then cp.async."""
+    from dataclasses import replace
+    base = tc.staged_tiling(kind, D, D if Dv is None else Dv)
+    ld = replace(base, staged=True, prefetch=False, ldmatrix=True)
+    return [("staged", base), ("ldmatrix", ld), ("cp_async", replace(ld, stages=2))]
+
+
+def tdict_of(t):
+    return {"warps": t.warps, "Bc": t.Bc, "staged": t.staged, "prefetch": t.prefetch, "ldmatrix": t.ldmatrix,
+            "stages": t.stages}
+
+
+def part_chain():
+    from dataclasses import replace
+    for step, dtype in (("mma_f16", "float16"), ("mma_3xtf32", "float32")):
+        for name, (B, H, Hk, Nq, Nk, D, Dv, options, splits) in CASES.items():
+            q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, dtype)
+            opts = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
+            kind = tc.kind_of(step, q.dtype)
+            for label, tiling in chain(kind, D, Dv)[1:]:
+                def go():
+                    out, lse = tc.attention(q, k, v, step=step, tiling=tiling, splits=splits, return_lse=True, **opts)
+                    checks.check_attention(out, q, k, v, lse=lse, **opts)
+                result = verdict(go)
+                log(f"chain check {step} {label} {name}: {result}")
+                write({"benchmark": "gpu_mma_chain_check", "impl": f"cuda_{step}", "dtype": dtype, "case": name,
+                       "step": label, "tiling": tdict_of(tiling), "shape": [B, H, Hk, Nq, Nk, D, Dv],
+                       "options": options, "splits": splits, "verdict": result})
+    for D in (64, 128):
+        shape = (4, 16, 4096, 4096, D)
+        q, k, v = problem(4, 16, 16, 4096, 4096, D, D, "float32", seed=1)
+        for step, dtype, peer in (("mma_f16", "float16", "torch_sdpa_flash"),
+                                  ("mma_3xtf32", "float32", "torch_sdpa_efficient")):
+            x = tuple(a.astype(np.float16) if dtype == "float16" else a for a in (q, k, v))
+            kind = tc.kind_of(step, x[0].dtype)
+            steps = chain(kind, D)
+            last = steps[-1][1]
+            for warps in (4, 8):
+                for Bc in (32, 64):
+                    t = replace(last, warps=warps, Bc=Bc)
+                    if t != last and tc.shared_bytes(kind, t, D, D) <= tc.MAX_SHARED:
+                        steps.append(("cp_async_sweep", t))
+            ref, best = None, None
+            for label, tiling in steps:
+                try:
+                    go, out, _ = mma_call(step, *x, tiling=tiling)
+                    go()
+                    got = out.copy_to_host()
+                    ref = got if ref is None else ref
+                    same = float(np.max(np.abs(got - ref)))
+                    t = timed("gpu_mma_chain", go, shape, dtype, False, (f"cuda_{step}", "mma.sync"),
+                              {"step": label, "tiling": tdict_of(tiling), "max_diff_to_first": same})
+                    if label != "staged" and same <= 1e-3 and (best is None or t < best[0]):
+                        best = (t, tiling)
+                except Exception as error:  # noqa: BLE001
+                    log(f"chain {step} D={D} {label} {tiling}: {type(error).__name__}: {str(error)[:300]}")
+                    write({"benchmark": "gpu_mma_chain", "impl": f"cuda_{step}", "D": D, "step": label,
+                           "tiling": tdict_of(tiling), "error": f"{type(error).__name__}: {str(error)[:500]}"})
+            import torch
+            torch.backends.cuda.matmul.allow_tf32 = False
+            for n, fn in peers(q, k, v, dtype, False, [peer]).items():
+                timed("gpu_mma_chain", fn, shape, dtype, False, (n, PEER_RUNS_ON[n]))
+            if best is not None:
+                TUNED_RUN[step, D] = best[1]
+                write({"benchmark": "gpu_mma_chain_tuned", "impl": f"cuda_{step}", "D": D,
+                       "tiling": tdict_of(best[1]), "median_s": best[0]})
+
+
 PARTS = {"check": part_check, "resources": part_resources, "time": part_time, "causal": part_causal,
-         "decode": part_decode, "variants": part_variants, "sanitize": part_sanitize}
+         "decode": part_decode, "variants": part_variants, "sanitize": part_sanitize, "chain": part_chain}
 
 
 def main():
     global OUT, RUN, ENV
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--parts", nargs="+", default=[p for p in PARTS if p != "sanitize"], choices=list(PARTS))
+    parser.add_argument("--parts", nargs="+", default=[p for p in PARTS if p not in ("sanitize", "chain")],
+                        choices=list(PARTS))
     args = parser.parse_args()
     import gpu_steps
     RUN = time.strftime("%Y%m%dT%H%M%S+0000", time.gmtime())

@@ -108,11 +108,15 @@ def test_each_step_takes_only_its_dtypes():
         tc.kind_of("mma_fp8", np.float16)
 
 
-def test_every_tiling_fits_static_shared_memory():
+def test_every_tiling_fits_its_shared_memory():
+    """Register-staged tilings use static shared memory (48 KB at most); cp.async's two stages are dynamic
+    (up to what an H200 block may ask for)."""
     for kind in tc.KINDS:
         for D in (8, 40, 64, 96, 128, 256):
+            t = tc.staged_tiling(kind, D, D)
+            assert t.stages == 1 and tc.shared_bytes(kind, t, D, D) <= 48 * 1024, (kind, D, t)
             t = tc.default_tiling(kind, D, D)
-            assert tc.shared_bytes(kind, t, D, D) <= 48 * 1024, (kind, D, t)
+            assert t.ldmatrix and t.stages == 2 and tc.shared_bytes(kind, t, D, D) <= tc.MAX_SHARED, (kind, D, t)
     with pytest.raises(ValueError, match="shared"):
         tc.make_mma_kernel("tf32x3", tc.MmaTiling(4, 128), 128, 128)
 
@@ -149,9 +153,152 @@ def test_the_gpu_records_hold_every_check_and_the_planted_tf32_fails():
     assert all(" 0 errors" in s or "0 hazards" in s for s in sanitized.values())
 
 
-def test_the_tuned_table_is_what_the_tuned_run_chose():
-    chosen = {(r["impl"], r["D"]): r["tiling"] for r in records() if r["benchmark"] == "gpu_mma_tuned"}
+def tiling_of(t):
+    return tc.MmaTiling(t["warps"], t["Bc"], t["staged"], t["prefetch"], t.get("ldmatrix", False), t.get("stages", 1))
+
+
+def test_the_tuned_tables_are_what_the_tuned_runs_chose():
     kind_of_impl = {"cuda_mma_f16": "f16", "cuda_mma_3xtf32": "tf32x3"}
-    assert {(kind_of_impl[i], D) for i, D in chosen} == set(tc.TUNED)
-    for (impl, D), t in chosen.items():
-        assert tc.TUNED[kind_of_impl[impl], D] == tc.MmaTiling(t["warps"], t["Bc"], t["staged"], t["prefetch"])
+    staged = {(kind_of_impl[r["impl"]], r["D"]): tiling_of(r["tiling"]) for r in records()
+              if r["benchmark"] == "gpu_mma_tuned"}
+    assert staged == tc.TUNED_STAGED
+    chained = {(kind_of_impl[r["impl"]], r["D"]): tiling_of(r["tiling"]) for r in records()
+               if r["benchmark"] == "gpu_mma_chain_tuned" and r["run"] == tc.RUN_CHAIN}
+    assert chained == tc.TUNED
+
+
+def test_the_chain_was_checked_at_every_case_and_sanitized():
+    """Steps (c) and (d) passed check_attention at every awkward case in the records, and each tuned tiling's
+    shape was then checked again as the default (gpu_mma_check of a later run)."""
+    chain = [r for r in records() if r["benchmark"] == "gpu_mma_chain_check"]
+    assert {(r["impl"], r["step"]) for r in chain} == {(i, s) for i in ("cuda_mma_f16", "cuda_mma_3xtf32")
+                                                      for s in ("ldmatrix", "cp_async")}
+    assert all(r["verdict"] == "PASS" for r in chain)
+    assert len({r["case"] for r in chain}) >= 11
+    later = [r for r in records() if r["benchmark"] == "gpu_mma_check" and r["run"] > tc.RUN_CHAIN]
+    assert {r["impl"] for r in later} >= {"cuda_mma_f16", "cuda_mma_3xtf32"}
+    sanitized = [r for r in records() if r["benchmark"] == "gpu_mma_sanitize" and "cp_async" in " ".join(r["launches"])]
+    assert {r["tool"] for r in sanitized} == {"memcheck", "racecheck", "synccheck"}
+
+
+# -- ldmatrix on swizzled tiles (steps c and d): the addresses each lane gives, emulated --------------
+
+def ldmatrix_x4(flat, addresses, trans=False):
+    """A warp's ldmatrix.x4 as the PTX ISA says it is: lane i gives the word address of row i % 8 of
+    matrix i // 8 (16 bytes, 4 words, must be 16-byte aligned); register j of each lane gets matrix j's
+    word (mma.ldmatrix_word).  Halves: each word is two uint16."""
+    mats = np.zeros((4, 8, 8), np.uint16)            # matrix, row, half
+    for lane in range(32):
+        a = addresses[lane]
+        assert a % 4 == 0, "ldmatrix needs 16-byte-aligned rows"
+        m, r = mma.ldmatrix_row(lane)
+        mats[m, r] = flat[a:a + 4].view(np.uint16)
+    regs = np.zeros((32, 4), np.uint32)
+    for lane in range(32):
+        for j in range(4):
+            if trans:
+                r0, r1, col = mma.ldmatrix_word(lane, j, trans=True)
+                pair = np.array([mats[j, r0, col], mats[j, r1, col]], np.uint16)
+            else:
+                row, w = mma.ldmatrix_word(lane, j)
+                pair = mats[j, row, 2 * w:2 * w + 2]
+            regs[lane, j] = pair.view(np.uint32)[0]
+    return regs
+
+
+def swizzled(tile, swizzle=tc.swizzle):
+    """A (rows, rw) tile of words stored the way the kernel stores it."""
+    rows, rw = tile.shape
+    flat = np.zeros(rows * rw, np.uint32)
+    for row in range(rows):
+        for w in range(rw):
+            flat[swizzle(row, w, rw)] = tile[row, w]
+    return flat
+
+
+@pytest.mark.parametrize("rw", [8, 16, 24, 32, 48, 64])
+def test_the_swizzle_is_a_permutation_that_keeps_chunks_whole(rw):
+    rows = 64
+    spots = [tc.swizzle(r, w, rw) for r in range(rows) for w in range(rw)]
+    assert sorted(spots) == list(range(rows * rw))
+    assert all(tc.swizzle(r, w, rw) == tc.swizzle(r, w & ~3, rw) + (w & 3) for r in range(rows) for w in range(rw))
+
+
+def banks_hit(addresses):
+    """How many of the 32 banks one 8-row phase of ldmatrix touches (32: no conflict)."""
+    return len({(a + i) % 32 for a in addresses for i in range(4)})
+
+
+@pytest.mark.parametrize("rw", [8, 16, 32, 64])
+def test_each_ldmatrix_phase_hits_all_32_banks(rw):
+    """ldmatrix reads a matrix's 8 rows (8 x 16 bytes) in one pass: conflict-free if they cover all banks."""
+    chunks = rw // 4
+    for r0 in range(0, 64, 8):
+        for c in range(chunks):
+            assert banks_hit([tc.swizzle(r0 + i, 4 * c, rw) for i in range(8)]) == 32, (rw, r0, c)
+    # the plain layout (no XOR) at 32 or 64 words a row: all 8 rows in the same 4 banks
+    if rw >= 32:
+        assert banks_hit([(r0 + i) * rw for i in range(8) for r0 in (0,)]) == 4
+
+
+def half_tile(rng, rows, halves):
+    return rng.integers(0, 2 ** 16, size=(rows, halves), dtype=np.uint16)
+
+
+@pytest.mark.parametrize("DW", [8, 16, 32, 64])
+def test_ldmatrix_gives_s_its_b_fragments_from_the_swizzled_k_tile(DW):
+    rng = np.random.default_rng(DW)
+    Bc = 32
+    K = half_tile(rng, Bc, 2 * DW).view(np.uint32)          # keys x words
+    flat = swizzled(K)
+    for kc in range(DW // 8):
+        for j in range(0, Bc // 8, 2):
+            regs = ldmatrix_x4(flat, [tc.swizzle(*tc.k_rows(lane, j, kc), DW) for lane in range(32)])
+            for lane in range(32):
+                for tile in (0, 1):
+                    for r in (0, 1):
+                        n, w = mma.b_word(lane, r)
+                        assert regs[lane, 2 * tile + r] == K[(j + tile) * 8 + n, kc * 8 + w]
+
+
+@pytest.mark.parametrize("VW", [8, 16, 32, 64])
+def test_transposed_ldmatrix_gives_p_v_its_b_fragments_from_v_by_keys(VW):
+    """B of P V (k = key, n = dim): word w of B's column n holds keys 2w and 2w + 1 of dim n (lower, upper)."""
+    rng = np.random.default_rng(VW)
+    Bc = 32
+    V = half_tile(rng, Bc, 2 * VW)                           # keys x dims (halves)
+    flat = swizzled(V.view(np.uint32))
+    for pc in range(Bc // 16):
+        for e in range(0, 2 * VW // 8, 2):
+            regs = ldmatrix_x4(flat, [tc.swizzle(*tc.v_rows(lane, e, pc), VW) for lane in range(32)], trans=True)
+            for lane in range(32):
+                for tile in (0, 1):
+                    for r in (0, 1):
+                        n, w = mma.b_word(lane, r)
+                        keys = pc * 16 + 2 * w, pc * 16 + 2 * w + 1
+                        dim = (e + tile) * 8 + n
+                        want = np.array([V[keys[0], dim], V[keys[1], dim]], np.uint16).view(np.uint32)[0]
+                        assert regs[lane, 2 * tile + r] == want
+
+
+def test_a_wrong_ldmatrix_address_or_a_missing_swizzle_is_caught():
+    rng = np.random.default_rng(1)
+    K = half_tile(rng, 32, 64).view(np.uint32)
+    flat = swizzled(K)
+    def fragments(rows, swizzle):
+        return ldmatrix_x4(flat, [swizzle(*rows(lane, 0, 0), 32) for lane in range(32)])
+    good = fragments(tc.k_rows, tc.swizzle)
+    # matrices 1 and 2 swapped (key tile and word half mixed up)
+    swapped = lambda lane, j, kc: tc.k_rows(lane ^ 24 if (lane >> 3) in (1, 2) else lane, j, kc)  # noqa: E731
+    assert (fragments(swapped, tc.swizzle) != good).any()
+    # the addresses of the plain layout read from the swizzled tile
+    assert (fragments(tc.k_rows, lambda r, w, rw: r * rw + w) != good).any()
+
+
+def test_cp_async_tilings_are_checked_when_built():
+    with pytest.raises(ValueError, match="needs ldmatrix"):
+        tc.make_mma_kernel("f16", tc.MmaTiling(4, 64, stages=2), 64, 64)
+    with pytest.raises(ValueError, match="staged loads or by cp.async"):
+        tc.make_mma_kernel("f16", tc.MmaTiling(4, 64, staged=False, ldmatrix=True), 64, 64)
+    t = tc.MmaTiling(4, 64, ldmatrix=True, stages=2)
+    assert tc.shared_bytes("f16", t, 128, 128) == 2 * 4 * 64 * (64 + 64)      # two stages, no padding

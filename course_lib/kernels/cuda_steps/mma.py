@@ -30,8 +30,23 @@ enters P V without a move (FlashAttention-2's register reuse).
 Conversions and moves, also single instructions: ``pack_f16`` / ``pack_bf16``
 (two float32 to one word of halves, ``cvt.rn.f16x2.f32``), ``to_tf32``
 (``cvt.rna.tf32.f32``), ``word_of`` / ``float_of`` (reinterpret the bits),
-``prmt`` (pick two halves of two words).  The simulators cannot run inline
-PTX: these kernels run on a GPU only.
+``prmt`` (pick two halves of two words).
+
+Two more for feeding the fragments from shared memory (steps c and d of chapter 11):
+
+- ``ldmatrix_x4`` / ``ldmatrix_x4_trans``: four 8 x 8 matrices of halves from shared memory into one
+  register each, ``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``.  Lane i gives the address of
+  row ``i % 8`` of matrix ``i // 8`` (``ldmatrix_row``); register j of every lane then holds a word of
+  matrix j (``ldmatrix_word``): row lane // 4, word lane % 4, or, transposed, the two halves of
+  column lane // 4 in rows 2 (lane % 4) and 2 (lane % 4) + 1.  That is B's fragment for K (rows of
+  keys, k along a row) as it is, and for V (rows of keys, dims along a row) transposed: one
+  instruction instead of four 32-bit loads, and no transpose on the way into shared memory.
+- ``cp_async16``, ``cp_async_commit``, ``cp_async_wait0`` / ``cp_async_wait1``: ``cp.async.cg``
+  copies 16 bytes from global to shared memory without passing through registers (bytes past
+  ``nbytes`` are zero-filled: a tile's rows past Nk), ``commit_group`` closes a batch of copies, and
+  ``wait_group N`` waits until at most N batches are still in flight: double buffering.
+
+The simulators cannot run inline PTX: these kernels run on a GPU only.
 """
 from __future__ import annotations
 
@@ -58,6 +73,19 @@ def b_word(lane, reg):
 def c_elem(lane, reg):
     """C / D fragment (16 rows x 8 columns of float32): float ``reg`` of ``lane`` is (row, column)."""
     return (lane >> 2) + 8 * (reg >> 1), 2 * (lane & 3) + (reg & 1)
+
+
+def ldmatrix_row(lane):
+    """ldmatrix.x4: lane gives the address of (matrix, row) (each row 8 halves = 4 words, 16 bytes)."""
+    return lane >> 3, lane & 7
+
+
+def ldmatrix_word(lane, reg, trans=False):
+    """ldmatrix.x4: register ``reg`` of ``lane`` holds matrix ``reg``'s (row, word) as stored; transposed,
+    (row0, row1, column): the halves of column ``column`` in rows row0 (lower half) and row1 (upper)."""
+    if trans:
+        return 2 * (lane & 3), 2 * (lane & 3) + 1, lane >> 2
+    return lane >> 2, lane & 3
 
 
 # -- the instructions --------------------------------------------------------------------
@@ -135,5 +163,67 @@ if cuda is not None:
 
     low_halves = _prmt(0x5410)    # (a, b) -> a word of a's lower half (below) and b's lower half (above)
     high_halves = _prmt(0x7632)   # the same with the upper halves
+
+    def _shared_address(context, builder, aryty, ary, index, indexty):
+        """The 32-bit shared-window address of word ``index`` of a 1-D shared array (Numba hands
+        shared arrays around as generic pointers: cvta.to.shared turns one back)."""
+        a = context.make_array(aryty)(context, builder, ary)
+        i = context.cast(builder, index, indexty, types.intp)
+        generic = builder.ptrtoint(builder.gep(a.data, [i]), ir.IntType(64))
+        return _asm(builder, _I32, [generic], "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }",
+                    "=r,l")
+
+    def _ldmatrix(trans):
+        text = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +
+                ".shared.b16 {$0,$1,$2,$3}, [$4];")
+
+        @intrinsic
+        def ldmatrix(typingctx, tile, index):
+            """Four 8 x 8 matrices of halves: this lane's row starts at word ``index`` of ``tile``."""
+            def codegen(context, builder, sig, args):
+                address = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32])
+                # a memory clobber: not moved across the barriers and copies that fill the tile
+                d = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r,~{memory}", side_effect=True),
+                                 [address])
+                return context.make_tuple(builder, _U4, [builder.extract_value(d, i) for i in range(4)])
+            return _U4(tile, index), codegen
+        return ldmatrix
+
+    _U4 = types.UniTuple(types.uint32, 4)
+    ldmatrix_x4 = _ldmatrix(False)
+    ldmatrix_x4_trans = _ldmatrix(True)
+
+    @intrinsic
+    def cp_async16(typingctx, tile, index, src, i0, i1, i2, i3, nbytes):
+        """16 bytes from ``src[i0, i1, i2, i3:i3 + 4]`` (words) to ``tile[index:index + 4]``, asynchronously;
+        only the first ``nbytes`` are read, the rest of the 16 are zeros."""
+        def codegen(context, builder, sig, args):
+            from numba.cuda import cgutils
+            dst = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            s = context.make_array(sig.args[2])(context, builder, args[2])
+            inds = [context.cast(builder, a, t, types.intp) for a, t in zip(args[3:7], sig.args[3:7])]
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[2], s, inds)
+            size = context.cast(builder, args[7], sig.args[7], types.uint32)
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, ir.IntType(64), _I32])
+            text = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.cg.shared.global [$0], [g], 16, $2; }"
+            builder.call(ir.InlineAsm(fnty, text, "r,l,r,~{memory}", side_effect=True),
+                         [dst, builder.ptrtoint(ptr, ir.IntType(64)), size])
+            return context.get_dummy_value()
+        return types.void(tile, index, src, i0, i1, i2, i3, nbytes), codegen
+
+    def _bare(text):
+        @intrinsic
+        def op(typingctx):
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return op
+
+    cp_async_commit = _bare("cp.async.commit_group;")
+    cp_async_wait0 = _bare("cp.async.wait_group 0;")    # every batch of copies has landed
+    cp_async_wait1 = _bare("cp.async.wait_group 1;")    # all but the newest batch have
 
     a_word_gpu, b_word_gpu, c_elem_gpu = (cuda.jit(device=True)(f) for f in (a_word, b_word, c_elem))

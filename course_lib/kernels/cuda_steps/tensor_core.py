@@ -58,7 +58,7 @@ from .. import launch as host
 from .device import on_gpu
 from .run import Plan, kernel_args
 from .run import launcher as run_launcher
-from .tiling import STATIC_SHARED
+from .tiling import MAX_SHARED, STATIC_SHARED
 
 if numba is not None:
     from . import mma
@@ -98,6 +98,8 @@ class MmaTiling:
     Bc: int = 64
     staged: bool = True      # a thread's K / V words all loaded before any is stored (False: one at a time)
     prefetch: bool = True    # and the next tile's loaded during this one (registers: Bc * (D + Dv) / threads words)
+    ldmatrix: bool = False   # B fragments by ldmatrix from swizzled, unpadded tiles (V by keys, not transposed)
+    stages: int = 1          # 2: cp.async copies the next tile into a second buffer during this one
 
     @property
     def Br(self):
@@ -115,20 +117,29 @@ def padded(n, kind):
     return -(-n // step) * step
 
 
-# The tilings measured fastest on the H200 at B*H = 64, N = 4096 (notebooks/records/gpu_mma.jsonl,
-# benchmark gpu_mma_tuned, run 20261202T063651+0000), each checked there at an awkward shape of its head dim.
-TUNED = {("f16", 64): MmaTiling(4, 64, staged=True, prefetch=False),
-         ("f16", 128): MmaTiling(8, 64, staged=True, prefetch=False),
-         ("tf32x3", 64): MmaTiling(8, 32, staged=True, prefetch=False),
-         ("tf32x3", 128): MmaTiling(8, 16, staged=True, prefetch=False)}
+# The register-staged tilings measured fastest on the H200 at B*H = 64, N = 4096 (notebooks/records/gpu_mma.jsonl,
+# benchmark gpu_mma_tuned, run 20261202T063651+0000): the start of steps (c) and (d).
+TUNED_STAGED = {("f16", 64): MmaTiling(4, 64, staged=True, prefetch=False),
+                ("f16", 128): MmaTiling(8, 64, staged=True, prefetch=False),
+                ("tf32x3", 64): MmaTiling(8, 32, staged=True, prefetch=False),
+                ("tf32x3", 128): MmaTiling(8, 16, staged=True, prefetch=False)}
+
+# After (c) ldmatrix and (d) cp.async: the fastest of the sweep (benchmark gpu_mma_chain_tuned, run
+# RUN_CHAIN), each checked there at every awkward case.
+RUN_CHAIN = "20261202T145416+0000"
+TUNED = {("f16", 64): MmaTiling(8, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("f16", 128): MmaTiling(8, 32, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("tf32x3", 64): MmaTiling(8, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("tf32x3", 128): MmaTiling(8, 32, staged=True, prefetch=False, ldmatrix=True, stages=2)}
 
 
-def default_tiling(kind, D, Dv):
-    """``TUNED``'s tiling where one was measured (D = Dv = 64 or 128); otherwise 4 warps of 16 rows, 64
-    keys a tile, 32 for tf32 at the larger head dims (its float32 K and V tiles must fit the 48 KB of
-    static shared memory), the next tile prefetched where its words fit the registers (head dims up to 64)."""
-    if D == Dv and (kind, D) in TUNED:
-        return TUNED[kind, D]
+def staged_tiling(kind, D, Dv):
+    """The register-staged tiling (steps a and b): ``TUNED_STAGED``'s where one was measured (D = Dv = 64 or
+    128); otherwise 4 warps of 16 rows, 64 keys a tile, 32 for tf32 at the larger head dims (its float32 K
+    and V tiles must fit the 48 KB of static shared memory), the next tile prefetched where its words fit
+    the registers (head dims up to 64)."""
+    if D == Dv and (kind, D) in TUNED_STAGED:
+        return TUNED_STAGED[kind, D]
     words = padded(max(D, Dv), kind) // (1 if kind.startswith("tf32") else 2)
     tiling = MmaTiling(4, 32 if words > 64 else 64, prefetch=max(D, Dv) <= 64)
     while shared_bytes(kind, tiling, D, Dv) > STATIC_SHARED and tiling.Bc > 16:    # large head dims
@@ -136,12 +147,56 @@ def default_tiling(kind, D, Dv):
     return tiling
 
 
+def default_tiling(kind, D, Dv):
+    """The tiling a launch gets: ``TUNED``'s where one was measured, otherwise the staged tiling's shape with
+    steps (c) and (d): ldmatrix from swizzled tiles filled by cp.async, two stages."""
+    if D == Dv and (kind, D) in TUNED:
+        return TUNED[kind, D]
+    return replace(staged_tiling(kind, D, Dv), staged=True, prefetch=False, ldmatrix=True, stages=2)
+
+
 def shared_bytes(kind, tiling, D, Dv):
-    """Static shared memory of one block: the K tile and the V tile, 4-byte words, rows padded by 4."""
+    """Shared memory of one block: the K tile and the V tile, 4-byte words: rows padded by 4, or, with
+    ``ldmatrix``, swizzled (no padding), ``stages`` of each."""
     Bc, Dp, Ep = tiling.Bc, padded(D, kind), padded(Dv, kind)
+    w = 1 if kind.startswith("tf32") else 2
+    if tiling.ldmatrix:
+        return 4 * tiling.stages * Bc * (Dp + Ep) // w
     if kind.startswith("tf32"):
         return 4 * (Bc * (Dp + 4) + Bc * (Ep + 4))
     return 4 * (Bc * (Dp // 2 + 4) + Ep * (Bc // 2 + 4))
+
+
+def swizzle(row, word, rw):
+    """Where word ``word`` of row ``row`` of a tile with ``rw`` words a row sits (a flat word index).
+
+    ldmatrix reads 8 rows of 16 bytes (4 words, a "chunk") at once, the same chunk of each row; stored
+    plainly, rows of 32 or 64 words would put all 8 in the same 4 of shared memory's 32 banks (an
+    8-way conflict).  So the chunk index is XORed with the row: rows r and r + 1 .. r + 7 land on 8
+    different chunks of a 128-byte line (all 32 banks), and the tile needs no padding.  Rows of fewer
+    than 8 chunks (small head dims) are XORed by the 128-byte line of the flat address instead, which
+    spreads any 8 consecutive rows over 8 chunks as well.  A permutation of the tile either way
+    (tests/test_tensor_core.py checks both that and the banks)."""
+    chunks = rw >> 2
+    chunk = word >> 2
+    if chunks % 8 == 0:
+        return row * rw + ((chunk ^ (row & 7)) << 2) + (word & 3)
+    a = row * chunks + chunk
+    return ((a ^ ((a >> 3) & 7)) << 2) + (word & 3)
+
+
+def k_rows(lane, j, kc):
+    """The (key, word) of the K tile whose address ``lane`` gives ldmatrix.x4 for S's key tiles j and j + 1
+    at k chunk kc: matrix lane // 8 is key tile j + lane // 16, words 4 ((lane // 8) % 2) .. + 3 of the
+    chunk (mma.ldmatrix_row), so the four registers are B's two words for tile j, then for tile j + 1."""
+    return (j + (lane >> 4)) * 8 + (lane & 7), kc * 8 + 4 * ((lane >> 3) & 1)
+
+
+def v_rows(lane, e, pc):
+    """The (key, word) of the V tile (keys by rows) whose address ``lane`` gives ldmatrix.x4.trans for O's
+    dim tiles e and e + 1 at P's 16-key chunk pc: matrix lane // 8 is keys 8 ((lane // 8) % 2) .. + 7 of
+    the chunk, the 8 dims (4 words) of tile e + lane // 16; transposed, B's two words for tile e, then e + 1."""
+    return pc * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 4 * (e + (lane >> 4))
 
 
 _KERNELS = {}
@@ -179,9 +234,15 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
         return _KERNELS[key]
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if shared_bytes(kind, tiling, D, Dv) > STATIC_SHARED or tiling.Bc % 16:
+    limit = MAX_SHARED if tiling.stages > 1 else STATIC_SHARED     # cp.async's buffers: dynamic shared memory
+    if shared_bytes(kind, tiling, D, Dv) > limit or tiling.Bc % 16:
         raise ValueError(f"{tiling} at D={D}, Dv={Dv} takes {shared_bytes(kind, tiling, D, Dv)} bytes of shared "
-                         f"memory (at most 49152) or Bc is not a multiple of 16")
+                         f"memory (at most {limit}) or Bc is not a multiple of 16")
+    if tiling.ldmatrix and tiling.stages == 1 and not tiling.staged:
+        raise ValueError(f"ldmatrix's swizzled tiles are filled by staged loads or by cp.async (stages=2), got {tiling}")
+    if tiling.stages not in (1, 2) or (tiling.stages == 2 and not tiling.ldmatrix):
+        raise ValueError(f"stages is 1 or 2, and 2 (cp.async) copies rows as they are: it needs ldmatrix=True "
+                         f"(V by keys, swizzled), got {tiling}")
     TF32 = kind.startswith("tf32")
     THREE = kind == "tf32x3"
     mma_op = {"f16": mma.mma_f16, "bf16": mma.mma_bf16, "tf32x1": mma.mma_tf32, "tf32x3": mma.mma_tf32}[kind]
@@ -199,12 +260,20 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
     NKW = -(-Bc * DW // NTH)                        # K words a thread fetches per tile
     NVW = -(-Bc * VW // NTH) if TF32 else -(-(Bc // 2) * VW // NTH)   # V words (pairs of words for halves)
     STAGED, PREFETCH = tiling.staged, tiling.prefetch
+    LD, ASYNC = tiling.ldmatrix, tiling.stages == 2
+    BYKEY = TF32 or LD                              # V stored by keys (rows of VW words), not transposed
+    if LD:      # flat, swizzled tiles (ldmatrix), one per stage; V by keys
+        NVW = -(-Bc * VW // NTH)
+        KTILE, VTILE = Bc * DW, Bc * VW
     VROWS, VCOLS = (Bc, EP + 4) if TF32 else (EP, Bc // 2 + 4)
+    KCH, VCH = DW // 4, VW // 4                     # 16-byte chunks a row of K, of V
+    NKC, NVC = -(-Bc * KCH // NTH), -(-Bc * VCH // NTH)   # chunks a thread copies a tile (cp.async)
     NEG_INF = float32(-math.inf)
     LN2 = float32(rules.LN2)
     ALL = 0xFFFFFFFF
     a_word, b_word, c_elem = mma.a_word_gpu, mma.b_word_gpu, mma.c_elem_gpu
     key_of = cuda.jit(device=True)(tf32_key)
+    swz, k_row, v_row = (cuda.jit(device=True)(f) for f in (swizzle, k_rows, v_rows))
     to_tf32, float_of = mma.to_tf32, mma.float_of
 
     @cuda.jit(device=True, inline=True)
@@ -268,7 +337,7 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
             x = t + u * NTH
             lo = uint32(0)
             hi = uint32(0)
-            if TF32:
+            if BYKEY:
                 if x < Bc * VW and c0 + x // VW < Nk:
                     lo = v[b, kh, c0 + x // VW, x % VW]
             else:       # keys 2p and 2p + 1, word w
@@ -282,20 +351,85 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
 
     @cuda.jit(device=True, forceinline=True)
     def place(kw, vw, ks, vs, t):
-        """The words fetch loaded, into the shared tiles (V transposed for the half kinds)."""
+        """The words fetch loaded, into the shared tiles (V transposed for the half kinds, unless LD)."""
         for u in range(NKW):
             x = t + u * NTH
             if x < Bc * DW:
-                ks[x // DW, x % DW] = kw[u]
+                if LD:
+                    ks[swz(x // DW, x % DW, DW)] = kw[u]
+                else:
+                    ks[x // DW, x % DW] = kw[u]
         for u in range(NVW):
             x = t + u * NTH
-            if TF32:
+            if LD:
+                if x < Bc * VW:
+                    vs[swz(x // VW, x % VW, VW)] = vw[u, 0]
+            elif TF32:
                 if x < Bc * VW:
                     vs[x // VW, x % VW] = vw[u, 0]
             elif x < (Bc // 2) * VW:
                 w = x % VW
                 vs[2 * w, x // VW] = mma.low_halves(vw[u, 0], vw[u, 1])
                 vs[2 * w + 1, x // VW] = mma.high_halves(vw[u, 0], vw[u, 1])
+
+    @cuda.jit(device=True, forceinline=True)
+    def copy(k, v, b, kh, c0, Nk, t, ks, vs, kb, vb):
+        """Thread t's 16-byte chunks of the K and V tiles at key c0, by cp.async, into the tiles at words kb
+        and vb (swizzled); rows past Nk zero-filled (0 bytes read: the address is clamped to a real row)."""
+        for u in range(NKC):
+            x = t + u * NTH
+            if x < Bc * KCH:
+                row, w = x // KCH, 4 * (x % KCH)
+                mma.cp_async16(ks, kb + swz(row, w, DW), k, b, kh, min(c0 + row, Nk - 1), w,
+                               16 if c0 + row < Nk else 0)
+        for u in range(NVC):
+            x = t + u * NTH
+            if x < Bc * VCH:
+                row, w = x // VCH, 4 * (x % VCH)
+                mma.cp_async16(vs, vb + swz(row, w, VW), v, b, kh, min(c0 + row, Nk - 1), w,
+                               16 if c0 + row < Nk else 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_step_ld(x, qf, ks, kb, s, lane):
+        """S's fragments j and j + 1 += Q's chunk kc times K's (x = kc NT / 2 + j / 2): their four B words
+        by one ldmatrix (k_rows)."""
+        kc, j = x // (NT // 2), 2 * (x % (NT // 2))
+        row, w = k_row(lane, j, kc)
+        b0, b1, b2, b3 = mma.ldmatrix_x4(ks, kb + swz(row, w, DW))
+        s[j, 0], s[j, 1], s[j, 2], s[j, 3] = product(qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b0, b1,
+                                                     s[j, 0], s[j, 1], s[j, 2], s[j, 3])
+        s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3] = product(
+            qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
+
+    @cuda.jit(device=True, forceinline=True)
+    def pv_step_ld(x, s, vs, vb, o, lane):
+        """O's fragments e and e + 1 += P's chunk pc times V's (x = pc NE / 2 + e / 2), halves: the four B
+        words by one transposed ldmatrix (v_rows)."""
+        pc, e = x // (NE // 2), 2 * (x % (NE // 2))
+        row, w = v_row(lane, e, pc)
+        b0, b1, b2, b3 = mma.ldmatrix_x4_trans(vs, vb + swz(row, w, VW))
+        a0 = pack(s[2 * pc + HALF_A[0][0], HALF_A[0][1]], s[2 * pc + HALF_A[0][0], HALF_A[0][2]])
+        a1 = pack(s[2 * pc + HALF_A[1][0], HALF_A[1][1]], s[2 * pc + HALF_A[1][0], HALF_A[1][2]])
+        a2 = pack(s[2 * pc + HALF_A[2][0], HALF_A[2][1]], s[2 * pc + HALF_A[2][0], HALF_A[2][2]])
+        a3 = pack(s[2 * pc + HALF_A[3][0], HALF_A[3][1]], s[2 * pc + HALF_A[3][0], HALF_A[3][2]])
+        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
+        o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3] = product(
+            a0, a1, a2, a3, b2, b3, o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3])
+
+    @cuda.jit(device=True, forceinline=True)
+    def pv_step_tf32_ld(x, s, vs, vb, o, lane):
+        """3xTF32's O fragment e += P's chunk pc times V's, V's words one at a time from the swizzled tile
+        (ldmatrix moves halves: it cannot transpose 32-bit words)."""
+        pc, e = x // NE, x % NE
+        n0, w0 = b_word(lane, 0)
+        n1, w1 = b_word(lane, 1)
+        a0 = mma.word_of(s[pc, TF32_A[0]])
+        a1 = mma.word_of(s[pc, TF32_A[1]])
+        a2 = mma.word_of(s[pc, TF32_A[2]])
+        a3 = mma.word_of(s[pc, TF32_A[3]])
+        b0 = vs[vb + swz(pc * 8 + key_of(w0), e * 8 + n0, VW)]
+        b1 = vs[vb + swz(pc * 8 + key_of(w1), e * 8 + n1, VW)]
+        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
 
     @cuda.jit(device=True, forceinline=True)
     def s_step(x, qf, ks, s, lane):
@@ -330,7 +464,11 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
             b1 = vs[e * 8 + n1, pc * 8 + w1]
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
 
-    s_product, pv_product = unroll(KC * NT, s_step), unroll(PC * NE, pv_step)
+    if LD:
+        s_product = unroll(KC * NT // 2, s_step_ld)
+        pv_product = unroll(PC * NE, pv_step_tf32_ld) if TF32 else unroll(PC * NE // 2, pv_step_ld)
+    else:
+        s_product, pv_product = unroll(KC * NT, s_step), unroll(PC * NE, pv_step)
 
     @cuda.jit(fastmath=True)
     def mma_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
@@ -347,8 +485,16 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
         lane = t % 32
         row0 = tr * Br + 16 * (t // 32)     # this warp's first query row
         slope = float32(slopes[b, h])
-        ks = cuda.shared.array((Bc, KSTRIDE), uint32)
-        vs = cuda.shared.array((VROWS, VCOLS), uint32)
+        if ASYNC:    # two stages of each tile, in dynamic shared memory (above 48 KB at D = 128)
+            dyn = cuda.shared.array(0, uint32)
+            ks = dyn[:2 * KTILE]
+            vs = dyn[2 * KTILE:2 * KTILE + 2 * VTILE]
+        elif LD:
+            ks = cuda.shared.array(KTILE, uint32)
+            vs = cuda.shared.array(VTILE, uint32)
+        else:
+            ks = cuda.shared.array((Bc, KSTRIDE), uint32)
+            vs = cuda.shared.array((VROWS, VCOLS), uint32)
 
         # this warp's Q fragments, for the whole kernel (zeros past Nq)
         qf = cuda.local.array((KC, 4), uint32)
@@ -377,10 +523,22 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
         per = (n_all + cuda.gridDim.z - 1) // cuda.gridDim.z
         first = split_ * per
         last = min(n_all, first + per)
+        if ASYNC and first < last:    # the first tile's copies, in flight before the loop
+            copy(k, v, b, kh, visit[tr, first] * Bc, Nk, t, ks, vs, 0, 0)
+            mma.cp_async_commit()
         for n in range(first, last):
             tc = visit[tr, n]
             c0 = tc * Bc
-            if not STAGED:   # each thread loads and stores a word at a time: one load in flight
+            stage = (n - first) & 1
+            if ASYNC:
+                if n + 1 < last:   # the next tile's copies into the other stage, then wait for this tile's
+                    copy(k, v, b, kh, visit[tr, n + 1] * Bc, Nk, t, ks, vs, (1 - stage) * KTILE, (1 - stage) * VTILE)
+                    mma.cp_async_commit()
+                    mma.cp_async_wait1()
+                else:
+                    mma.cp_async_wait0()
+                cuda.syncthreads()         # every thread's copies of this tile have landed
+            elif not STAGED:   # each thread loads and stores a word at a time: one load in flight
                 cuda.syncthreads()             # nobody reads the last tile any more
                 for x in range(t, Bc * DW, NTH):
                     c = x // DW
@@ -423,7 +581,10 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
             for j in range(NT):
                 for r in range(4):
                     s[j, r] = float32(0.0)
-            s_product(qf, ks, s, lane)
+            if LD:
+                s_product(qf, ks, stage * KTILE if ASYNC else 0, s, lane)
+            else:
+                s_product(qf, ks, s, lane)
 
             # the rules, in log2 units; the mask only on the tiles that need one
             edge = tiles[tr, tc] == rules.PARTIAL or c0 + Bc > Nk
@@ -459,7 +620,12 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
                         s[j, 2 * r + c] = p
 
             # O += P V: P's fragments become A's, V's come from shared memory
-            pv_product(s, vs, o, lane)
+            if LD:
+                pv_product(s, vs, stage * VTILE if ASYNC else 0, o, lane)
+            else:
+                pv_product(s, vs, o, lane)
+            if ASYNC:
+                cuda.syncthreads()         # nobody reads this stage any more: the copy after next may fill it
 
         # each lane summed its own columns: the quad's four shares make a row's l
         for r in range(2):
@@ -521,7 +687,8 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, tiling.Br, tiling.Bc)[0]
     args, splits = kernel_args(launch, splits)
     grid = (B * H, launch.tiles.shape[0], splits)
-    return Plan(step, kernel, grid, tiling.threads, 0, args, splits, (B, H, Nq, Dv), launch, tiling)
+    dynamic = shared_bytes(kind, tiling, D, Dv) if tiling.stages > 1 else 0
+    return Plan(step, kernel, grid, tiling.threads, dynamic, args, splits, (B, H, Nq, Dv), launch, tiling)
 
 
 def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):
