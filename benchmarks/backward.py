@@ -30,6 +30,12 @@ Appends to ``notebooks/records/backward.jsonl``, where chapter 12 plots it:
   ``np.dot`` and ``blas_add.dot_add`` inside njit (the course's kernel) and
   PyTorch's MKL by ``torch.mm`` and ``addmm_`` (its backward's), in
   alternated worker processes.
+- ``backward_phases``: where one core's time goes, phase by phase, in the
+  kernel's own tile functions at its tiles without a mask, over one head of
+  (4096, D): S = Q'K^T, dP = dO V^T (``np.dot``), P = exp(S - lse) (the
+  exponentials, ``scores_to_p``), dS (``p_to_ds``), then dV, dK, dQ
+  (``dot_add``); each matmul's GFLOP/s beside a large sgemm's (2048^3) on the
+  same core, the best this BLAS does here.
 - ``backward_memory``: B = H = 1, D = 64, N from 1K to 16K: how far the
   resident set rises during one backward call above where it stood with q, k,
   v, out, lse and dout made (Linux's peak-RSS counter, reset first).  The
@@ -136,11 +142,96 @@ def tile_gemm_rate(blas, D, repeats=200):
     return 10 * Br * Bc * D * repeats / best / 1e9
 
 
+PHASES = ("S = Q'K^T", "dP = dO V^T", "P = exp(S - lse)", "dS = P (dP - D)", "dV += P^T dO", "dK += dS^T Q'",
+          "dQ += dS K")
+MATMULS = PHASES[:2] + PHASES[4:]
+
+
+def phase_times(N, D, repeats=3):
+    """Seconds of each of ``PHASES`` over one head of (N, D) on one core (best of ``repeats``), and the
+    GFLOP/s of a 2048^3 sgemm through the same BLAS."""
+    import numba
+
+    from course_lib.core import rules
+    from course_lib.kernels import backward_numba_cpu as kernel
+    from course_lib.kernels.blas_add import dot_add
+    from course_lib.kernels.flash_numba_cpu import scipy_openblas
+    library = scipy_openblas()
+    if library is not None:
+        library.scipy_openblas_set_num_threads(1)
+    numba.set_num_threads(1)
+    Br, Bc = kernel.TILES["full"]
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (rng.standard_normal((1, 1, N, D)).astype(np.float32) for _ in range(4))
+    q *= np.float32(D ** -0.5)
+    lse = (np.log(N) + 0.1 * rng.standard_normal((1, 1, N))).astype(np.float32)
+    Dsum = rng.standard_normal((1, 1, N)).astype(np.float32)
+
+    @numba.njit
+    def phase(which, q, k, v, dout, lse, Dsum, Br, Bc):
+        N, D = q.shape[2], q.shape[3]
+        P, dS, G = np.empty((Br, Bc), np.float32), np.empty((Br, Bc), np.float32), np.ones((Br, Bc), np.float32)
+        dVj, dKj, dq = np.zeros((Bc, D), np.float32), np.zeros((Bc, D), np.float32), np.zeros((N, D), np.float32)
+        bits = np.empty(Bc, np.int32)
+        np.dot(q[0, 0, :Br], k[0, 0, :Bc].T, P)
+        np.dot(dout[0, 0, :Br], v[0, 0, :Bc].T, dS)
+        kernel.scores_to_p(P, G, lse, 0, 0, 0, 0, rules.FULL, np.float32(0), False, 0.0, 0, -1, -1, True, bits)
+        for c0 in range(0, N, Bc):
+            Kj, Vj = k[0, 0, c0:c0 + Bc], v[0, 0, c0:c0 + Bc]
+            for r0 in range(0, N, Br):
+                Qi, dOi = q[0, 0, r0:r0 + Br], dout[0, 0, r0:r0 + Br]
+                if which == 0:
+                    np.dot(Qi, Kj.T, P)
+                elif which == 1:
+                    np.dot(dOi, Vj.T, dS)
+                elif which == 2:     # S again, then P from it (S's time is taken off below)
+                    np.dot(Qi, Kj.T, P)
+                    kernel.scores_to_p(P, G, lse, 0, 0, r0, c0, rules.FULL, np.float32(0), False, 0.0, 0, -1, -1,
+                                       True, bits)
+                elif which == 3:     # dP again, then dS from it
+                    np.dot(dOi, Vj.T, dS)
+                    kernel.p_to_ds(P, dS, G, Dsum, 0, 0, r0, np.float32(0), 0, 0)
+                elif which == 4:
+                    dot_add(P.T, dOi, dVj)
+                elif which == 5:
+                    dot_add(dS.T, Qi, dKj)
+                else:
+                    dot_add(dS, Kj, dq[r0:r0 + Br])
+        return dVj.sum() + dKj.sum() + dq.sum()
+
+    @numba.njit
+    def sgemm(a, out, n):
+        for _ in range(n):
+            np.dot(a, a, out)
+
+    seconds = []
+    for which in range(len(PHASES)):
+        phase(which, q, k, v, dout, lse, Dsum, Br, Bc)
+        best = np.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            phase(which, q, k, v, dout, lse, Dsum, Br, Bc)
+            best = min(best, time.perf_counter() - start)
+        seconds.append(best)
+    seconds[2] -= seconds[0]                 # the exponentials alone
+    seconds[3] -= seconds[1]                 # the dS pass alone
+    a = np.ones((2048, 2048), np.float32)
+    out = np.empty_like(a)
+    sgemm(a, out, 1)
+    start = time.perf_counter()
+    sgemm(a, out, 5)
+    return seconds, 5 * 2 * 2048 ** 3 / (time.perf_counter() - start) / 1e9
+
+
 def worker(impl, shape, causal, what):
     """One impl, one shape, in this process; prints one JSON line."""
     B, H, N, D = shape
     if what == "gemm":
         print(json.dumps({"gflops": tile_gemm_rate(impl, D)}))
+        return
+    if what == "phases":
+        seconds, sgemm = phase_times(N, D)
+        print(json.dumps({"seconds": seconds, "sgemm_gflops": sgemm}))
         return
     tiles = (None, None)
     if what.startswith("tiles="):                           # "tiles=256x512": time at those tiles
@@ -194,6 +285,7 @@ def main(argv=None):
     parser.add_argument("--naive-budget-gib", type=float, default=6.0)
     parser.add_argument("--tiles", nargs="*", default=[], metavar="BRxBC",
                         help="also time flash_numba_cpu at these tiles (and the default's), alternated")
+    parser.add_argument("--phases", action="store_true", help="also time the kernel's phases on one core")
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--no-gemm", action="store_true")
@@ -267,6 +359,32 @@ def main(argv=None):
                                 speedup_vs_default_tiles=ratio, load_average=load, **spread(values))
             print(f"D={d} causal={c} tiles {t:<8} median {np.median(values):.3f} s "
                   f"({ratio:.2f}x the default {defaults[c]})")
+
+    if args.phases:
+        from course_lib.kernels.backward_numba_cpu import TILES
+        Br, Bc = TILES["full"]
+        seconds = {d: [] for d in args.head_dims}
+        sgemm = {d: [] for d in args.head_dims}
+        load_before = os.getloadavg()
+        for _, d in tqdm([(r, d) for r in range(args.rounds) for d in args.head_dims], desc="phases", unit="call"):
+            result = run_worker(["flash_numba_cpu", f"1,1,{args.seqlen},{d}", "0", "phases"])
+            seconds[d].append(result["seconds"])
+            sgemm[d].append(result["sgemm_gflops"])
+        load = {"before": list(load_before), "after": list(os.getloadavg())}
+        for d in args.head_dims:
+            per_phase = np.median(np.array(seconds[d]), axis=0)
+            matmul_gflops = 2 * args.seqlen ** 2 * d / per_phase / 1e9
+            phases = {name: {"median_s": float(t), **({"gflops": float(g)} if name in MATMULS else {})}
+                      for name, t, g in zip(PHASES, per_phase, matmul_gflops)}
+            bench.append_record(args.out, benchmark="backward_phases", impl="flash_numba_cpu",
+                                shape=(1, 1, args.seqlen, args.seqlen, d), dtype="float32",
+                                time_s=float(per_phase.sum()), run=run, env=env, layer="kernel", threads=1,
+                                block_q=Br, block_k=Bc, phases=phases, rounds=args.rounds, load_average=load,
+                                sgemm_2048_gflops={"min": float(np.min(sgemm[d])), "median": float(np.median(sgemm[d])),
+                                                   "max": float(np.max(sgemm[d]))})
+            print(f"D={d} one head on one core, {Br} x {Bc} tiles, sgemm 2048^3 {np.median(sgemm[d]):.0f} GFLOP/s: "
+                  + ", ".join(f"{name} {1e3 * p['median_s']:.1f} ms" + (f" ({p['gflops']:.0f} GFLOP/s)" if "gflops" in p
+                                                                      else "") for name, p in phases.items()))
 
     if not args.no_gemm:
         from course_lib.kernels.backward_numba_cpu import TILES
