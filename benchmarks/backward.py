@@ -374,8 +374,8 @@ def main(argv=None):
         for d in args.head_dims:
             per_phase = np.median(np.array(seconds[d]), axis=0)
             matmul_gflops = 2 * args.seqlen ** 2 * d / per_phase / 1e9
-            phases = {name: {"median_s": float(t), **({"gflops": float(g)} if name in MATMULS else {})}
-                      for name, t, g in zip(PHASES, per_phase, matmul_gflops)}
+            phases = [{"phase": name, "median_s": float(t), **({"gflops": float(g)} if name in MATMULS else {})}
+                      for name, t, g in zip(PHASES, per_phase, matmul_gflops)]     # in the kernel's order
             bench.append_record(args.out, benchmark="backward_phases", impl="flash_numba_cpu",
                                 shape=(1, 1, args.seqlen, args.seqlen, d), dtype="float32",
                                 time_s=float(per_phase.sum()), run=run, env=env, layer="kernel", threads=1,
@@ -383,8 +383,8 @@ def main(argv=None):
                                 sgemm_2048_gflops={"min": float(np.min(sgemm[d])), "median": float(np.median(sgemm[d])),
                                                    "max": float(np.max(sgemm[d]))})
             print(f"D={d} one head on one core, {Br} x {Bc} tiles, sgemm 2048^3 {np.median(sgemm[d]):.0f} GFLOP/s: "
-                  + ", ".join(f"{name} {1e3 * p['median_s']:.1f} ms" + (f" ({p['gflops']:.0f} GFLOP/s)" if "gflops" in p
-                                                                      else "") for name, p in phases.items()))
+                  + ", ".join(f"{p['phase']} {1e3 * p['median_s']:.1f} ms" + (f" ({p['gflops']:.0f} GFLOP/s)"
+                                                                           if "gflops" in p else "") for p in phases))
 
     if not args.no_gemm:
         from course_lib.kernels.backward_numba_cpu import TILES
