@@ -1,11 +1,14 @@
 """Backward impls ``flash_numba_cpu`` and ``flash_numba_cpu_dq_pass``: the tiled backward, compiled.
 
 Chapter 12's compiled kernel: ``backward_numpy``'s FA2 loop order with Numba,
-built the way chapter 08 built the forward: every tile matmul is ``np.dot`` on
-contiguous tiles inside njit (SciPy's BLAS, one thread inside each of
+built the way chapter 08 built the forward: every tile matmul is one BLAS call
+on contiguous tiles inside njit (SciPy's BLAS, one thread inside each of
 prange's: ``flash_numba_cpu.scipy_openblas``), the tiles are views of q, k, v
 and dO where they lie (``load_tile``: no copy), and the exponentials are
-chapter 08's vectorised ``exp_row``.
+chapter 08's vectorised ``exp_row``.  S and dP are ``np.dot``; the three
+matmuls that accumulate (into dVj, dKj, dQi) are ``blas_add.dot_add``, gemm
+with beta = 1, which adds inside the matmul instead of writing a scratch tile
+and adding it in a second pass (measured: 4 % of the time on one core).
 
 ``prange`` runs over the (batch, head, key tile) work items, heaviest first
 (under a causal mask the early key tiles are seen by almost every query) and
@@ -31,11 +34,14 @@ recomputed from the stored lse: S = Q'i Kj^T, dP = dOi Vj^T, then row by row
 softcap, ALiBi and the mask of a PARTIAL tile (two index bounds per row, as
 the forward's ``rowvec`` step), P = exp(S - lse_i), dS = P (dP - Di) times
 softcap's slope (``rules.softcap_slope``); then dVj += P^T dOi, dKj += dS^T Q'i,
-dQi += dS Kj.  D = rowsum(dO * O) is computed on the host first (FA2's first
-pass).  Which tiles to skip is the host's plan (``launch.prepare``), as in the
+dQi += dS Kj.  D = rowsum(dO * O) is computed first (FA2's first pass,
+``row_delta``).  Which tiles to skip is the host's plan (``launch.prepare``), as in the
 forward.  Precision follows ``rules``: float32 accumulation (float64 for
 float64), P and dS rounded to the input dtype before their matmuls at
-float16 / bfloat16.
+float16 / bfloat16.  The passes around the key tiles (D, and the merge and
+scale of the threads' dQ) are prange loops too: numpy would run them on one
+core, through temporaries (measured at d = 64: about 30 ms of the first
+0.5 s call through numpy, 10 through these).
 """
 from __future__ import annotations
 
@@ -50,12 +56,20 @@ except ModuleNotFoundError:  # an optional package missing: the impl is unavaila
     numba = None
 
 from ..core import rules
-from ..core.reference_backward import delta, sum_groups
+from ..core.reference_backward import sum_groups
 from . import launch as host
 from .flash_numba_cpu import FASTMATH, scipy_openblas
 
 DQ_MODES = ("partials", "second_pass")
-TILES = (128, 256)      # (Br, Bc) when the call gives none: a sweep on this machine (chapter 12 reads it)
+# (Br, Bc) when the call gives none, from ``benchmarks/backward.py --tiles`` on this machine (chapter 12
+# prints the sweep).  With every tile full, larger tiles run the matmuls faster; under a mask the
+# diagonal's partly hidden tiles grow with Bc, and fewer, larger work items balance worse over the cores.
+TILES = {"full": (256, 512), "masked": (128, 256)}
+
+
+def default_tiles(mask):
+    """(Br, Bc) for a call that gives none: ``TILES``' for this mask (a mask that hides nothing is "full")."""
+    return TILES["full" if mask.is_trivial else "masked"]
 
 
 def available() -> bool:
@@ -63,6 +77,7 @@ def available() -> bool:
 
 
 if numba is not None:
+    from .blas_add import dot_add
     from .cpu_tile import alibi_row, hide_outside_window
     from .flash_numba_cpu import exp_row, round_to_bits, shift_of, softcap
 
@@ -129,9 +144,6 @@ if numba is not None:
         S_flat = np.empty(Br * n_c, q.dtype)     # scores, then P
         dP_flat = np.empty(Br * n_c, q.dtype)    # dP, then dS
         G_flat = np.ones(Br * n_c, q.dtype)      # softcap's slope
-        dQ_flat = np.empty(Br * D, q.dtype)
-        dK_step = np.empty((n_c, D), q.dtype)
-        dV_step = np.empty((n_c, Dv), q.dtype)
         dKj = np.zeros((n_c, D), q.dtype)        # on chip for the whole inner loop
         dVj = np.zeros((n_c, Dv), q.dtype)
         exponent_bits = np.empty(n_c, np.int32)
@@ -153,15 +165,10 @@ if numba is not None:
             scores_to_p(P, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, left, right, fast_exp,
                         exponent_bits)
             p_to_ds(P, dS, G, Dsum, b, h, r0, cap, round_bits, round_min_exponent)
-            np.dot(P.T, dOi, dV_step)                              # dVj += Pij^T dOi
-            dVj += dV_step
-            np.dot(dS.T, Qi, dK_step)                              # dKj += dSij^T Q'i
-            dKj += dK_step
+            dot_add(P.T, dOi, dVj)                                 # dVj += Pij^T dOi
+            dot_add(dS.T, Qi, dKj)                                 # dKj += dSij^T Q'i
             if with_dq:                                            # this thread's copy of dQi += dSij Kj
-                dQ_step = dQ_flat[:n_r * D].reshape((n_r, D))
-                np.dot(dS, Kj, dQ_step)
-                dQi = load_tile(dq[tid], b, h, r0, r1)
-                dQi += dQ_step
+                dot_add(dS, Kj, load_tile(dq[tid], b, h, r0, r1))
         load_tile(dk, b, h, c0, c1)[:] = dKj      # dKj, dVj written once
         load_tile(dv, b, h, c0, c1)[:] = dVj
 
@@ -175,7 +182,6 @@ if numba is not None:
         S_flat = np.empty(n_r * Bc, q.dtype)
         dP_flat = np.empty(n_r * Bc, q.dtype)
         G_flat = np.ones(n_r * Bc, q.dtype)
-        dQ_step = np.empty((n_r, D), q.dtype)
         dQi = np.zeros((n_r, D), q.dtype)
         exponent_bits = np.empty(Bc, np.int32)
         Qi, dOi = load_tile(q, b, h, r0, r1), load_tile(dout, b, h, r0, r1)
@@ -195,8 +201,7 @@ if numba is not None:
             scores_to_p(P, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, left, right, fast_exp,
                         exponent_bits)
             p_to_ds(P, dS, G, Dsum, b, h, r0, cap, round_bits, round_min_exponent)
-            np.dot(dS, Kj, dQ_step)                                # dQi += dSij Kj
-            dQi += dQ_step
+            dot_add(dS, Kj, dQi)                                   # dQi += dSij Kj
         load_tile(dq, b, h, r0, r1)[:] = dQi
 
     @numba.njit(cache=True, parallel=True)
@@ -218,6 +223,30 @@ if numba is not None:
             query_tile(q, k, v, dout, lse, Dsum, b, h, kv_head[h], t * Br, tiles[t], Br, Bc,
                        q.dtype.type(cap), alibi, slopes[b, h], offset, left, right,
                        round_bits, round_min_exponent, fast_exp, dq)
+
+    @numba.njit(cache=True, parallel=True, fastmath=FASTMATH)
+    def row_delta(dout, out, Dsum):
+        """Pass 1 over the cores: Dsum[b, h, i] = rowsum(dO_i * O_i), in one read of each (no temporaries)."""
+        B, H, Nq, Dv = out.shape
+        for n in numba.prange(B * H):
+            b, h = n // H, n % H
+            for i in range(Nq):
+                total = Dsum.dtype.type(0)
+                for c in range(Dv):
+                    total += dout[b, h, i, c] * out[b, h, i, c]
+                Dsum[b, h, i] = total
+
+    @numba.njit(cache=True, parallel=True)
+    def merge_dq(parts, scale, dq):
+        """dQ = scale (the threads' copies summed), over the cores."""
+        B, H = dq.shape[:2]
+        for n in numba.prange(B * H):
+            b, h = n // H, n % H
+            tile = dq[b, h]
+            tile[:] = parts[0, b, h]
+            for t in range(1, parts.shape[0]):
+                tile += parts[t, b, h]
+            tile *= scale
 
     @numba.njit(cache=True, fastmath=FASTMATH)
     def recompute_only_tile(q, k, lse, b, h, kh, c0, tiles_col, Br, Bc, cap, alibi, slope,
@@ -281,7 +310,7 @@ def _blas():
 
 def _prepare(q, k, v, opts, mask):
     """(launch, Q' = scale Q, k, v) with tiles no larger than the problem."""
-    Br, Bc = host.tile_sizes(opts, *TILES)
+    Br, Bc = host.tile_sizes(opts, *default_tiles(mask))
     opts = dataclasses.replace(opts, block_q=max(1, min(Br, q.shape[2])), block_k=max(1, min(Bc, k.shape[2])))
     launch, qc, kc, vc = host.prepare(q, k, v, opts, mask, opts.block_q, opts.block_k)
     qc = qc * qc.dtype.type(launch.softmax_scale)
@@ -327,7 +356,8 @@ def run_kernels(launch, q, k, v, out, lse, dout, dq_mode="partials"):
     acc = launch.acc_dtype
     dout, out = (np.ascontiguousarray(x, dtype=acc) for x in (dout, out))
     lse = np.ascontiguousarray(lse, dtype=acc)
-    Dsum = np.ascontiguousarray(delta(dout, out, acc))                 # pass 1: D = rowsum(dO * O)
+    Dsum = np.empty(out.shape[:3], dtype=acc)
+    row_delta(dout, out, Dsum)                                         # pass 1: D = rowsum(dO * O)
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     dk = np.empty((B, H, Nk, D), dtype=acc)
@@ -340,12 +370,13 @@ def run_kernels(launch, q, k, v, out, lse, dout, dq_mode="partials"):
               acc == np.float32)
     _launch(key_pass, q, k, v, dout, lse, Dsum, work_items(B, H, seen.sum(axis=0)), *common, partials,
             dq_parts, dk, dv)
+    dq = np.empty((B, H, Nq, D), dtype=acc)
+    scale = acc.type(launch.softmax_scale)                            # dQ = scale dS K
     if partials:
-        dq = dq_parts.sum(axis=0)                                     # merge the threads' copies
+        merge_dq(dq_parts, scale, dq)                                 # the threads' copies summed, scaled
     else:
-        dq = np.empty((B, H, Nq, D), dtype=acc)
         _launch(query_pass, q, k, v, dout, lse, Dsum, work_items(B, H, seen.sum(axis=1)), *common, dq)
-    dq *= acc.type(launch.softmax_scale)                              # dQ = scale dS K
+        dq *= scale
     return dq, dk, dv
 
 
