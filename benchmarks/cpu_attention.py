@@ -41,7 +41,9 @@ appending records of its own benchmark name):
   core) and copy bandwidth, measured in a worker of its own;
 - ``cpu_phases``: on one thread, where flash_numba_cpu's time goes at the
   shapes of ``PHASES``: the kernel, its tile matmuls alone, its row passes
-  alone, and torch on one thread.
+  alone, and torch on one thread; and the page faults of one call of the
+  kernel and of ``flash_numba_cpu_wide`` (tile buffers allocated per work
+  item), with that step's time.
 
 Every round records the 1-minute load average its worker saw (``load_1min``).
 
@@ -63,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -74,7 +77,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "cpu_attention.jsonl"
 IMPLS = ("naive", "flash_numpy", "flash_numba_cpu", "torch_sdpa_flash")
 STEPS = ("flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
-         "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu")
+         "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu_wide",
+         "flash_numba_cpu_scratch", "flash_numba_cpu")
 PHASES = (((1, 8, 4096, 64), False), ((1, 8, 4096, 128), False), ((1, 8, 1024, 64), False))
 STEPS_SHAPE = (1, 8, 2048, 64)
 TARGETS = (((1, 8, 4096, 64), False), ((1, 8, 4096, 128), False), ((1, 8, 4096, 64), True),
@@ -376,7 +380,9 @@ def run_parts(parts, rounds, out):
             bench.append_record(out, benchmark="cpu_phases", run=run, env=env, impl="flash_numba_cpu",
                                 shape=(B, H, N, N, D), dtype="float32", causal=causal, time_s=r["kernel_s"], **r)
             print(f"  phases {shape}, one thread, tiles {r['tiles']}: kernel {r['kernel_s']:.3f} s, matmuls alone "
-                  f"{r['matmuls_s']:.3f} s, row passes alone {r['row_pass_s']:.3f} s, torch {r['torch_s']:.3f} s")
+                  f"{r['matmuls_s']:.3f} s, row passes alone {r['row_pass_s']:.3f} s, torch {r['torch_s']:.3f} s; "
+                  f"buffers per item {r['buffers_per_item_s']:.3f} s; page faults a call "
+                  f"{r['kernel_faults']} (per item: {r['buffers_per_item_faults']})")
     if "tiles" in parts:
         from tqdm import tqdm
         for tiles in tqdm(TILE_SWEEP, desc="tiles", unit="tile"):
@@ -428,6 +434,12 @@ def phases_worker(shape, repeats=3):
                 fnc.form_p(S, Br, Bc, 0, 0, rules.FULL, np.float32(1), np.float32(0), False, 0.0, 0, -1, -1, True,
                            True, True, 0, 0, m, l, Oi, bits)
 
+    def faults(call):
+        """Minor page faults during one call: memory the OS had to hand the process (first touch)."""
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        call()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
     def fastest(call):
         call()
         times = []
@@ -445,12 +457,21 @@ def phases_worker(shape, repeats=3):
             torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
     tiles = H * -(-N // Br) * -(-N // Bc)
     copy_s = fastest(lambda: row_passes(scores, tiles, D, False))     # the copies alone, taken off below
+
+    def kernel():
+        course_lib.attention(q, k, v, impl="flash_numba_cpu")
+
+    def per_item():                                                    # the step before "scratch"
+        course_lib.attention(q, k, v, impl="flash_numba_cpu_wide")
     print(json.dumps({
-        "kernel_s": fastest(lambda: course_lib.attention(q, k, v, impl="flash_numba_cpu")),
+        "kernel_s": fastest(kernel), "kernel_faults": faults(kernel),
+        "buffers_per_item_s": fastest(per_item), "buffers_per_item_faults": faults(per_item),
+        "malloc_env": {name: os.environ.get(name) for name in MALLOC_ENV},
         "matmuls_s": fastest(lambda: matmuls(q, k, v, Br, Bc)),
         "row_pass_s": fastest(lambda: row_passes(scores, tiles, D, True)) - copy_s,
         "torch_s": fastest(torch_call), "tiles": [Br, Bc], "threads": 1, "load_1min": os.getloadavg()[0],
-        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (form_p), torch"}))
+        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (form_p), torch; "
+                "flash_numba_cpu_wide (buffers per item) and page faults of one call each"}))
 
 
 def roofline_worker(runs=7):
