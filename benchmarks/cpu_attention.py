@@ -43,7 +43,10 @@ appending records of its own benchmark name):
   shapes of ``PHASES``: the kernel, its tile matmuls alone, its row passes
   alone, and torch on one thread; and the page faults of one call of the
   kernel and of ``flash_numba_cpu_wide`` (tile buffers allocated per work
-  item), with that step's time.
+  item), with that step's time; on a CPU with AVX-512, all of it once more
+  with OpenBLAS's AVX-512 kernels (``OPENBLAS_CORETYPE=SkylakeX``: this
+  course's machine sets ``OPENBLAS_CORETYPE=Haswell``, AVX2, in its
+  environment), each record saying which kernels it ran (``blas_core``).
 
 Every round records the 1-minute load average its worker saw (``load_1min``).
 
@@ -374,12 +377,17 @@ def run_parts(parts, rounds, out):
         cases = [(impl, (B, H, N, D), False, 1) for impl in ("flash_numba_cpu", torch_impl)]
         record_rounds(out, "cpu_decode", run, env, alternated(cases, rounds, "decode"))
     if "phases" in parts:
-        for shape, causal in PHASES:
-            r = run_worker(["--phases", *map(str, shape)])
+        # As this environment sets OpenBLAS up (OPENBLAS_CORETYPE, if set, picks its kernels), and, on a
+        # CPU with AVX-512, once more with OpenBLAS's AVX-512 kernels, labelled as such.
+        cores = [{}] + ([{"OPENBLAS_CORETYPE": "SkylakeX"}] if avx512() else [])
+        for (shape, causal), blas_env in [(case, e) for e in cores for case in PHASES]:
+            r = run_worker(["--phases", *map(str, shape)], **blas_env)
             B, H, N, D = shape
             bench.append_record(out, benchmark="cpu_phases", run=run, env=env, impl="flash_numba_cpu",
-                                shape=(B, H, N, N, D), dtype="float32", causal=causal, time_s=r["kernel_s"], **r)
-            print(f"  phases {shape}, one thread, tiles {r['tiles']}: kernel {r['kernel_s']:.3f} s, matmuls alone "
+                                shape=(B, H, N, N, D), dtype="float32", causal=causal, time_s=r["kernel_s"],
+                                openblas_coretype=os.environ.get("OPENBLAS_CORETYPE") if not blas_env
+                                else blas_env["OPENBLAS_CORETYPE"], **r)
+            print(f"  phases {shape}, BLAS {r['blas_core']}, one thread, tiles {r['tiles']}: kernel {r['kernel_s']:.3f} s, matmuls alone "
                   f"{r['matmuls_s']:.3f} s, row passes alone {r['row_pass_s']:.3f} s, torch {r['torch_s']:.3f} s; "
                   f"buffers per item {r['buffers_per_item_s']:.3f} s; page faults a call "
                   f"{r['kernel_faults']} (per item: {r['buffers_per_item_faults']})")
@@ -393,6 +401,15 @@ def run_parts(parts, rounds, out):
                                 time_s=r["min_s"], times_s=r["times_s"])
             tqdm.write(f"  tiles {tiles}: {r['min_s']:.3f} s (fastest of {len(r['times_s'])})")
     print(f"records appended to {out}")
+
+
+def avx512():
+    """Whether this CPU has the AVX-512 parts OpenBLAS's SkylakeX kernels use (Linux's flags)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"} <= set(flags.split(":", 1)[1].split())
 
 
 def phases_worker(shape, repeats=3):
@@ -470,6 +487,7 @@ def phases_worker(shape, repeats=3):
         "matmuls_s": fastest(lambda: matmuls(q, k, v, Br, Bc)),
         "row_pass_s": fastest(lambda: row_passes(scores, tiles, D, True)) - copy_s,
         "torch_s": fastest(torch_call), "tiles": [Br, Bc], "threads": 1, "load_1min": os.getloadavg()[0],
+        "blas_core": fnc.blas_core(),
         "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (form_p), torch; "
                 "flash_numba_cpu_wide (buffers per item) and page faults of one call each"}))
 

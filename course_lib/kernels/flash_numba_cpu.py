@@ -145,7 +145,9 @@ def scipy_openblas():
     The kernel's threads are prange's: a BLAS that starts threads of its own
     inside each of them fights them for the cores (OpenBLAS warns "Detect
     OpenMP Loop and this application may hang").  ``run_kernel`` sets it to
-    one thread for the call and back after.
+    one thread for the call and back after.  Which kernels OpenBLAS runs
+    (AVX2's "Haswell", AVX-512's "SkylakeX", ...) it decides when it loads,
+    from the CPU or from OPENBLAS_CORETYPE: ``blas_core`` says.
     """
     import ctypes
     import glob
@@ -157,8 +159,14 @@ def scipy_openblas():
     for path in glob.glob(os.path.join(folder, "libscipy_openblas*.so*")):
         library = ctypes.CDLL(path)
         if hasattr(library, "scipy_openblas_set_num_threads"):
+            library.scipy_openblas_get_corename.restype = ctypes.c_char_p
             return library
     return None
+
+
+def blas_core():
+    """The kernels SciPy's OpenBLAS runs here ("SkylakeX", "Haswell", ...), or None for another BLAS."""
+    return _BLAS[0].scipy_openblas_get_corename().decode() if _BLAS[0] is not None else None
 
 
 def tile_sizes_for(head_dim, head_dim_v, itemsize, l2_bytes=None):
