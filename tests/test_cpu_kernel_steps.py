@@ -183,3 +183,23 @@ def test_a_thread_reusing_its_tile_buffers_carries_nothing_from_one_item_to_the_
     want, want_lse = course_lib.attention(clean, k, v, impl="reference", causal=True, return_lse=True)
     np.testing.assert_allclose(out[rows], want[rows], atol=2e-5)      # tail tiles (70 = 4 x 16 + 6) among them
     np.testing.assert_allclose(lse[rows], want_lse[rows], atol=2e-5)
+
+
+def test_a_spawned_process_runs_the_kernel_after_its_parent_did():
+    # numba's threading layer does not survive fork: the course starts processes with spawn
+    import multiprocessing
+    q, k, v = qkv((1, 2, 40, 8), (1, 2, 40, 8))
+    here = course_lib.attention(q, k, v, impl="flash_numba_cpu", causal=True)     # the parent's threads exist
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        there = pool.apply(course_lib.attention, (q, k, v), {"impl": "flash_numba_cpu", "causal": True})
+    assert np.array_equal(here, there)
+
+
+def test_the_course_starts_its_worker_processes_with_spawn():
+    import inspect
+
+    from course_lib.grading import pipeline
+    from course_lib.parallel import launch
+    for module in (launch, pipeline):
+        source = inspect.getsource(module)
+        assert 'get_context("spawn")' in source and "os.fork(" not in source
