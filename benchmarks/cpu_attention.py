@@ -27,7 +27,7 @@ chapter 08 plots them:
   one down; the median over the rounds is recorded, and the ratios the
   chapter quotes come from here.
 
-Chapter 08's steps (``--parts steps targets decode tiles roofline phases``, each part
+Chapter 08's steps (``--parts steps targets decode tiles roofline phases contention``, each part
 appending records of its own benchmark name):
 
 - ``cpu_steps``: every step of the kernel (``flash_numba_cpu_microkernel`` ...
@@ -38,10 +38,20 @@ appending records of its own benchmark name):
 - ``cpu_decode``: one query row against 32K keys, batch 8, 16 heads;
 - ``cpu_tiles``: flash_numba_cpu's (block_q, block_k) sweep at (1, 8, 2048, 64);
 - ``cpu_roofline``: this machine's float32 matmul rate (numpy's BLAS, every
-  core) and copy bandwidth, measured in a worker of its own;
+  core; on a CPU with AVX-512 the faster of the environment's OpenBLAS
+  kernels and its AVX-512 ones, both recorded) and copy bandwidth, measured
+  in workers of their own;
+- ``cpu_contention``: steps 11 and 12 (``flash_numba_cpu_scratch``,
+  ``flash_numba_cpu``) and torch at the shapes of ``CONTENTION``, alternated,
+  while one busy process (a Python ``while True``) competes for the cores;
 - ``cpu_phases``: on one thread, where flash_numba_cpu's time goes at the
   shapes of ``PHASES``: the kernel, its tile matmuls alone, its row passes
-  alone, and torch on one thread.
+  alone, and torch on one thread; and the page faults of one call of the
+  kernel and of ``flash_numba_cpu_wide`` (tile buffers allocated per work
+  item), with that step's time; on a CPU with AVX-512, all of it once more
+  with OpenBLAS's AVX-512 kernels (``OPENBLAS_CORETYPE=SkylakeX``: this
+  course's machine sets ``OPENBLAS_CORETYPE=Haswell``, AVX2, in its
+  environment), each record saying which kernels it ran (``blas_core``).
 
 Every round records the 1-minute load average its worker saw (``load_1min``).
 
@@ -63,6 +73,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -74,11 +85,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "cpu_attention.jsonl"
 IMPLS = ("naive", "flash_numpy", "flash_numba_cpu", "torch_sdpa_flash")
 STEPS = ("flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
-         "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu")
+         "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu_wide",
+         "flash_numba_cpu_scratch", "flash_numba_cpu")
 PHASES = (((1, 8, 4096, 64), False), ((1, 8, 4096, 128), False), ((1, 8, 1024, 64), False))
 STEPS_SHAPE = (1, 8, 2048, 64)
 TARGETS = (((1, 8, 4096, 64), False), ((1, 8, 4096, 128), False), ((1, 8, 4096, 64), True),
            ((1, 8, 1024, 64), False), ((1, 8, 2048, 64), False))
+CONTENTION = (((1, 8, 4096, 64), True), ((1, 8, 2048, 64), False))   # beside one busy process
 DECODE = (8, 16, 32768, 64)    # batch, heads, keys, head_dim; one query row
 TILE_SWEEP = [(br, bc) for br in (64, 128, 256) for bc in (64, 128, 256, 512)]
 HEADLINE = (1, 8, 4096, 64)
@@ -352,12 +365,24 @@ def run_parts(parts, rounds, out):
     print(f"run {run}: parts {parts}, {rounds} rounds; records -> {out}")
     torch_impl = "torch_sdpa_flash"
     if "roofline" in parts:
+        # numpy's matmul with the BLAS kernels this environment gives, and (AVX-512 CPU) with OpenBLAS's
+        # AVX-512 kernels: the compute roof is the faster, this CPU's FMA rate as far as a BLAS reaches it.
         start = time.perf_counter()
-        result = run_worker(["--roofline"])
+        by_blas = {}
+        for blas_env in [{}] + ([{"OPENBLAS_CORETYPE": "SkylakeX"}] if avx512() else []):
+            r = run_worker(["--roofline"], **blas_env)
+            by_blas[r.pop("blas_core")] = r
+        best = max(by_blas.values(), key=lambda r: r["matmul_flops"])
+        result = {**best, "matmul_flops_by_blas": {core: r["matmul_flops"] for core, r in by_blas.items()},
+                  **{field: max(r[field] for r in by_blas.values())
+                     for field in ("bandwidth", "copy_bandwidth", "read_bandwidth")},
+                  "what": best["what"] + "; the faster of OpenBLAS's kernels (matmul_flops_by_blas)"}
         bench.append_record(out, benchmark="cpu_roofline", run=run, env=env, impl="numpy", shape=(1, 1, 1, 1, 1),
                             dtype="float32", time_s=time.perf_counter() - start, **result)
-        print(f"  roofline: {result['matmul_flops'] / 1e9:.1f} GFLOP/s float32 matmul, "
-              f"{result['bandwidth'] / 1e9:.1f} GB/s copy")
+        print(f"  roofline: {result['matmul_flops'] / 1e9:.1f} GFLOP/s float32 matmul "
+              f"({', '.join(f'{core} {f / 1e9:.1f}' for core, f in result['matmul_flops_by_blas'].items())}), "
+              f"{result['copy_bandwidth'] / 1e9:.1f} GB/s copy on one core, {result['read_bandwidth'] / 1e9:.1f} GB/s "
+              f"read on every core")
     if "steps" in parts:
         cases = [(impl, STEPS_SHAPE, False, None) for impl in (*STEPS, torch_impl)]
         record_rounds(out, "cpu_steps", run, env, alternated(cases, rounds, "steps"))
@@ -369,14 +394,33 @@ def run_parts(parts, rounds, out):
         B, H, N, D = DECODE
         cases = [(impl, (B, H, N, D), False, 1) for impl in ("flash_numba_cpu", torch_impl)]
         record_rounds(out, "cpu_decode", run, env, alternated(cases, rounds, "decode"))
+    if "contention" in parts:
+        # One busy process beside the kernels, for the whole part: a thread that shares its core with it
+        # runs at half speed, the case step 12's hand-out is for.
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            cases = [(impl, shape, causal, None) for shape, causal in CONTENTION
+                     for impl in ("flash_numba_cpu_scratch", "flash_numba_cpu", torch_impl)]
+            results = alternated(cases, rounds, "contention")
+        finally:
+            busy.kill()
+            busy.wait()
+        record_rounds(out, "cpu_contention", run, env, results)
     if "phases" in parts:
-        for shape, causal in PHASES:
-            r = run_worker(["--phases", *map(str, shape)])
+        # As this environment sets OpenBLAS up (OPENBLAS_CORETYPE, if set, picks its kernels), and, on a
+        # CPU with AVX-512, once more with OpenBLAS's AVX-512 kernels, labelled as such.
+        cores = [{}] + ([{"OPENBLAS_CORETYPE": "SkylakeX"}] if avx512() else [])
+        for (shape, causal), blas_env in [(case, e) for e in cores for case in PHASES]:
+            r = run_worker(["--phases", *map(str, shape)], **blas_env)
             B, H, N, D = shape
             bench.append_record(out, benchmark="cpu_phases", run=run, env=env, impl="flash_numba_cpu",
-                                shape=(B, H, N, N, D), dtype="float32", causal=causal, time_s=r["kernel_s"], **r)
-            print(f"  phases {shape}, one thread, tiles {r['tiles']}: kernel {r['kernel_s']:.3f} s, matmuls alone "
-                  f"{r['matmuls_s']:.3f} s, row passes alone {r['row_pass_s']:.3f} s, torch {r['torch_s']:.3f} s")
+                                shape=(B, H, N, N, D), dtype="float32", causal=causal, time_s=r["kernel_s"],
+                                openblas_coretype=os.environ.get("OPENBLAS_CORETYPE") if not blas_env
+                                else blas_env["OPENBLAS_CORETYPE"], **r)
+            print(f"  phases {shape}, BLAS {r['blas_core']}, one thread, tiles {r['tiles']}: kernel {r['kernel_s']:.3f} s, matmuls alone "
+                  f"{r['matmuls_s']:.3f} s, row passes alone {r['row_pass_s']:.3f} s, torch {r['torch_s']:.3f} s; "
+                  f"buffers per item {r['buffers_per_item_s']:.3f} s; page faults a call "
+                  f"{r['kernel_faults']} (per item: {r['buffers_per_item_faults']})")
     if "tiles" in parts:
         from tqdm import tqdm
         for tiles in tqdm(TILE_SWEEP, desc="tiles", unit="tile"):
@@ -389,7 +433,16 @@ def run_parts(parts, rounds, out):
     print(f"records appended to {out}")
 
 
-def phases_worker(shape, repeats=3):
+def avx512():
+    """Whether this CPU has the AVX-512 parts OpenBLAS's SkylakeX kernels use (Linux's flags)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"} <= set(flags.split(":", 1)[1].split())
+
+
+def phases_worker(shape, repeats=5):
     """Where one thread's time goes in flash_numba_cpu at ``shape``: the kernel, its tile matmuls alone
     (the same np.dot calls on the same tiles), its row passes alone (form_p on a tile of scores, as
     many times as the kernel calls it), and torch on one thread; the fastest of ``repeats`` each."""
@@ -428,6 +481,12 @@ def phases_worker(shape, repeats=3):
                 fnc.form_p(S, Br, Bc, 0, 0, rules.FULL, np.float32(1), np.float32(0), False, 0.0, 0, -1, -1, True,
                            True, True, 0, 0, m, l, Oi, bits)
 
+    def faults(call):
+        """Minor page faults during one call: memory the OS had to hand the process (first touch)."""
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        call()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
     def fastest(call):
         call()
         times = []
@@ -445,20 +504,33 @@ def phases_worker(shape, repeats=3):
             torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
     tiles = H * -(-N // Br) * -(-N // Bc)
     copy_s = fastest(lambda: row_passes(scores, tiles, D, False))     # the copies alone, taken off below
+
+    def kernel():
+        course_lib.attention(q, k, v, impl="flash_numba_cpu")
+
+    def per_item():                                                    # the step before "scratch"
+        course_lib.attention(q, k, v, impl="flash_numba_cpu_wide")
     print(json.dumps({
-        "kernel_s": fastest(lambda: course_lib.attention(q, k, v, impl="flash_numba_cpu")),
+        "kernel_s": fastest(kernel), "kernel_faults": faults(kernel),
+        "buffers_per_item_s": fastest(per_item), "buffers_per_item_faults": faults(per_item),
+        "malloc_env": {name: os.environ.get(name) for name in MALLOC_ENV},
         "matmuls_s": fastest(lambda: matmuls(q, k, v, Br, Bc)),
         "row_pass_s": fastest(lambda: row_passes(scores, tiles, D, True)) - copy_s,
         "torch_s": fastest(torch_call), "tiles": [Br, Bc], "threads": 1, "load_1min": os.getloadavg()[0],
-        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (form_p), torch"}))
+        "blas_core": fnc.blas_core(),
+        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (form_p), torch; "
+                "flash_numba_cpu_wide (buffers per item) and page faults of one call each"}))
 
 
 def roofline_worker(runs=7):
     """This machine's float32 matmul rate on every core and its copy bandwidth: the best of ``runs``.
 
     The matmul is numpy's BLAS at n = 2048 (every core: the compute roof a
-    kernel on both cores can reach); the copy moves 256 MiB each way.  The
-    best run, since load from other programs only ever slows a run down.
+    kernel on both cores can reach; ``blas_core`` names the OpenBLAS kernels
+    it ran); the copy moves 256 MiB each way on one core (numpy's copy has
+    one thread), the read streams 1 GiB over every core (a prange sum): the
+    bandwidth roof is the faster of the two.  The best run, since load from
+    other programs only ever slows a run down.
     """
     import os
     rng = np.random.default_rng(0)
@@ -466,13 +538,40 @@ def roofline_worker(runs=7):
     c = np.empty_like(a)
     src = np.ones(64 * 2 ** 20, np.float32)
     dst = np.empty_like(src)
-    matmul, copy = [], []
+    import numba
+
+    @numba.njit(parallel=True, fastmath={"reassoc"})
+    def read_all(x):                 # every core streams its share of x once: DRAM's read bandwidth
+        total = np.float32(0)
+        for i in numba.prange(x.shape[0]):
+            total += x[i]
+        return total
+
+    big = np.ones(256 * 2 ** 20, np.float32)      # 1 GiB, far beyond the caches
+    read_all(big[:1024])
+    matmul, copy, read = [], [], []
     for _ in range(runs):
         start = time.perf_counter(); np.matmul(a, b, out=c); matmul.append(time.perf_counter() - start)
         start = time.perf_counter(); np.copyto(dst, src); copy.append(time.perf_counter() - start)
-    print(json.dumps({"matmul_flops": 2 * 2048 ** 3 / min(matmul), "bandwidth": 2 * src.nbytes / min(copy),
+        start = time.perf_counter(); read_all(big); read.append(time.perf_counter() - start)
+    import ctypes
+    import glob
+    blas_core = "unknown"
+    for path in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "libscipy_openblas*.so")):
+        library = ctypes.CDLL(path)
+        corename = next((getattr(library, name) for name in ("scipy_openblas_get_corename64_",
+                                                              "scipy_openblas_get_corename")
+                         if hasattr(library, name)), None)
+        if corename is not None:
+            corename.restype = ctypes.c_char_p
+            blas_core = corename().decode()
+    copy_bandwidth, read_bandwidth = 2 * src.nbytes / min(copy), big.nbytes / min(read)
+    print(json.dumps({"matmul_flops": 2 * 2048 ** 3 / min(matmul), "bandwidth": max(copy_bandwidth, read_bandwidth),
+                      "copy_bandwidth": copy_bandwidth, "read_bandwidth": read_bandwidth, "read_runs_s": read,
+                      "blas_core": blas_core,
                       "matmul_runs_s": matmul, "copy_runs_s": copy, "threads": len(os.sched_getaffinity(0)),
-                      "what": f"numpy float32 matmul n=2048 and a 256 MiB copy, best of {runs} runs"}))
+                      "what": f"numpy float32 matmul n=2048, a 256 MiB copy and a 1 GiB read on every core, "
+                              f"best of {runs} runs"}))
 
 
 if __name__ == "__main__":
@@ -486,7 +585,8 @@ if __name__ == "__main__":
         roofline_worker()
     elif len(sys.argv) > 1 and sys.argv[1] == "--parts":
         parser = argparse.ArgumentParser()
-        parser.add_argument("--parts", nargs="+", choices=("roofline", "steps", "targets", "decode", "tiles", "phases"))
+        parser.add_argument("--parts", nargs="+",
+                            choices=("roofline", "steps", "targets", "decode", "tiles", "phases", "contention"))
         parser.add_argument("--rounds", type=int, default=3)
         parser.add_argument("--out", type=Path, default=RECORDS)
         parts_args = parser.parse_args()

@@ -1,6 +1,7 @@
 """flash_numba_cpu's steps (chapter 08) and the conformance rules the CPU sweep found:
 lse with no value columns, option values that do not survive float32, tiles larger
-than the problem, masked arrays; the work order, the key split and its merge."""
+than the problem, masked arrays; the work order, the key split and its merge, the tile buffers a thread reuses and the
+counter that hands out the work items."""
 import numpy as np
 import pytest
 
@@ -11,7 +12,8 @@ from course_lib.core.options import attention_options
 from course_lib.kernels import flash_numba_cpu as fnc
 
 STEP_IMPLS = ["flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
-              "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu"]
+              "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu_wide",
+              "flash_numba_cpu_scratch", "flash_numba_cpu"]
 
 
 def qkv(shape_q, shape_kv, dv=None, dtype=np.float32, seed=0):
@@ -128,3 +130,76 @@ def test_balanced_items_give_each_threads_run_the_same_work():
     for runs in (2, 4):                                   # prange's contiguous runs, one per thread
         shares = [int(run.sum()) for run in np.array_split(cost, runs)]
         assert max(shares) - min(shares) <= 8             # sorted heaviest first and cut in two: 52 against 20
+
+
+def test_heaviest_first_sorts_the_items_by_cost_and_nothing_else():
+    tiles = np.array([[rules.FULL if c <= r else rules.EMPTY for c in range(4)] for r in range(4)], np.int8)
+    items = fnc.work_items(1, 2, tiles, 1, balanced=True, heaviest_first=True)
+    cost = [int(np.count_nonzero(tiles[t] != rules.EMPTY)) for t in items[:, 2]]
+    assert cost == [4, 4, 3, 3, 2, 2, 1, 1]
+    assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, fnc.work_items(1, 2, tiles, 1, False).tolist()))
+
+
+def test_item_runs_are_one_per_item_or_one_per_thread_and_cover_every_item():
+    assert fnc.item_runs(5, 2, per_thread=False).tolist() == [0, 1, 2, 3, 4, 5]
+    assert fnc.item_runs(5, 2, per_thread=True).tolist() == [0, 2, 5]
+    assert fnc.item_runs(1, 4, per_thread=True).tolist() == [0, 0, 0, 0, 1]      # a thread may get none
+
+
+def test_the_counter_hands_out_every_number_once_across_threads():
+    import numba
+
+    @numba.njit(parallel=True)
+    def draw(counter, taken, workers):
+        for _ in numba.prange(workers):
+            n = fnc.fetch_add(counter)
+            while n < taken.shape[0]:
+                taken[n] += 1
+                n = fnc.fetch_add(counter)
+
+    counter, taken = np.zeros(1, np.int64), np.zeros(200_000, np.int64)
+    draw(counter, taken, 8)
+    assert np.all(taken == 1)                      # a plain counter[0] += 1 loses and repeats numbers
+    assert counter[0] == taken.shape[0] + 8        # every worker drew once more, and stopped
+
+
+@pytest.mark.parametrize("impl", ["flash_numba_cpu_scratch", "flash_numba_cpu"])
+def test_a_thread_reusing_its_tile_buffers_carries_nothing_from_one_item_to_the_next(impl):
+    import numba
+    q, k, v = qkv((1, 3, 70, 16), (1, 3, 70, 16))
+    q[0, 1, 5] = np.nan                        # one row of head 1: items of other heads must not see it
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)               # one thread: every item goes through the same buffers
+        out, lse = course_lib.attention(q, k, v, impl=impl, causal=True, block_q=16, block_k=16, return_lse=True)
+    finally:
+        numba.set_num_threads(threads)
+    assert np.isnan(out[0, 1, 5]).all() and np.isnan(lse[0, 1, 5])
+    rows = np.ones(out.shape[:3], bool)
+    rows[0, 1, 5] = False
+    assert not np.isnan(out[rows]).any()
+    clean = q.copy()
+    clean[0, 1, 5] = 0
+    want, want_lse = course_lib.attention(clean, k, v, impl="reference", causal=True, return_lse=True)
+    np.testing.assert_allclose(out[rows], want[rows], atol=2e-5)      # tail tiles (70 = 4 x 16 + 6) among them
+    np.testing.assert_allclose(lse[rows], want_lse[rows], atol=2e-5)
+
+
+def test_a_spawned_process_runs_the_kernel_after_its_parent_did():
+    # numba's threading layer does not survive fork: the course starts processes with spawn
+    import multiprocessing
+    q, k, v = qkv((1, 2, 40, 8), (1, 2, 40, 8))
+    here = course_lib.attention(q, k, v, impl="flash_numba_cpu", causal=True)     # the parent's threads exist
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        there = pool.apply(course_lib.attention, (q, k, v), {"impl": "flash_numba_cpu", "causal": True})
+    assert np.array_equal(here, there)
+
+
+def test_the_course_starts_its_worker_processes_with_spawn():
+    import inspect
+
+    from course_lib.grading import pipeline
+    from course_lib.parallel import launch
+    for module in (launch, pipeline):
+        source = inspect.getsource(module)
+        assert 'get_context("spawn")' in source and "os.fork(" not in source

@@ -19,7 +19,9 @@ impl                     what it changes                                        
 ``..._cpu_balanced``     work items by cost, heaviest and lightest in turn: even runs
 ``..._cpu_tuned``        tiles sized by the L2; keys split across cores when items are few
 ``..._cpu_exp2``         base 2: the row max vectorised, exp2 and its sum in one loop
-``flash_numba_cpu``      PyTorch's tiles, 256 x 512: half as many BLAS calls, each longer
+``..._cpu_wide``         PyTorch's tiles, 256 x 512: half as many BLAS calls, each longer
+``..._cpu_scratch``      tile buffers allocated once per thread, not once per work item
+``flash_numba_cpu``      items heaviest first, each thread taking the next from a shared counter
 ``flash_numba_cuda``     chapter 09: one thread per query row, K / V tiles in shared memory
 ``cuda_row``             chapter 10 starts from chapter 09's kernel, unchanged                 16.2 / 8.9
 ``cuda_row_exp2``        base 2: log2(e) folded into the scale, ``exp2`` one ``ex2.approx``    16.6 / 9.0
@@ -112,8 +114,10 @@ IMPLS = {
     "flash_numba_cpu_balanced": _cpu_step("balanced", "work items by cost, heaviest and lightest in turn"),
     "flash_numba_cpu_tuned": _cpu_step("tuned", "tiles sized by the L2, keys split when items are few"),
     "flash_numba_cpu_exp2": _cpu_step("exp2", "base 2: the row max vectorised, exp2 and its sum in one loop"),
+    "flash_numba_cpu_wide": _cpu_step("wide", "PyTorch's tiles (256 x 512), on the base-2 row pass"),
+    "flash_numba_cpu_scratch": _cpu_step("scratch", "tile buffers allocated once per thread, not per work item"),
     "flash_numba_cpu": Impl("course_lib.kernels.flash_numba_cpu",
-                            "PyTorch's tiles (256 x 512), on the base-2 row pass (chapter 08)"),
+                            "work items heaviest first, one at a time from a shared counter (chapter 08)"),
     "flash_numba_cuda": Impl("course_lib.kernels.flash_numba_cuda",
                              "one CUDA thread per query row, K / V tiles in shared memory (chapter 09)", cuda=True),
     "cuda_row": _step("row", "chapter 10's start: chapter 09's kernel, unchanged"),

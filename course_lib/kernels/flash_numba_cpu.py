@@ -33,8 +33,16 @@ time them side by side; the last step is ``flash_numba_cpu`` itself:
 - ``exp2``: log2(e) folded into Qi with the scale, so the row pass works in
   base 2 and walks a row twice: a vectorised max (``cpu_tile.maximum``), then
   2**(s - m) and its sum in one loop (``cpu_tile.exp2_and_sum``).
-- ``wide`` (= ``flash_numba_cpu``): PyTorch's CPU tiles (``wide_tiles``:
-  256 x 512 from Nq = 768 on): fewer, longer BLAS calls.
+- ``wide``: PyTorch's CPU tiles (``wide_tiles``: 256 x 512 from Nq = 768
+  on): fewer, longer BLAS calls.
+- ``scratch``: each thread allocates its tile buffers once (``tile_buffers``)
+  and runs its items through them, where every item allocated its own: a
+  freed 512 KiB tile that the allocator hands back to the OS comes back as
+  page faults on the next item's first touch.
+- ``handout`` (= ``flash_numba_cpu``): the items sorted heaviest first and
+  drawn one at a time from a shared counter (``fetch_add``, an atomic add),
+  so a thread that loses its core to another program for a while takes
+  fewer items instead of holding the others up at the end.
 
 The structure every step shares, ``query_tile``: one place where each tile's
 P is formed (``cpu_tile.form_p``), one where it meets Vj.
@@ -79,6 +87,10 @@ from . import launch as host
 from .cpu_tile import FASTMATH, LN2, LOG2E
 
 if numba is not None:
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
     from .cpu_tile import (alibi_distance, exp_and_sum, exp_row, finalize, form_p, matmul_nt, max_nan,  # noqa: F401
                            rescale, round_p, round_to_bits, shift_of, softcap, softmax_tile_exp2,
                            softmax_tile_scalar, softmax_tile_vector, visible)
@@ -96,6 +108,8 @@ class Step:
     tuned: bool         # tile sizes from the caches; keys split when items are few
     base2: bool = False  # scores in log2 units, two passes over a row (softmax_tile_exp2)
     wide: bool = False   # PyTorch's tiles: 256 query rows (64 below 768) x 512 keys
+    scratch: bool = False  # tile buffers allocated once per thread, not once per work item
+    handout: bool = False  # items heaviest first, each thread taking the next from a shared counter
 
 
 STEPS = {
@@ -112,8 +126,12 @@ STEPS = {
                  True, True, True, True, base2=True),
     "wide": Step("PyTorch's tiles, 256 x 512: half as many BLAS calls, each longer",
                  True, True, True, True, base2=True, wide=True),
+    "scratch": Step("tile buffers allocated once per thread, not once per work item",
+                    True, True, True, True, base2=True, wide=True, scratch=True),
+    "handout": Step("work items heaviest first, handed out one at a time from a shared counter",
+                    True, True, True, True, base2=True, wide=True, scratch=True, handout=True),
 }
-FINAL_STEP = "wide"
+FINAL_STEP = "handout"
 MIN_ITEMS_PER_THREAD = 4    # fewer (batch, head, query tile) items than this per thread: split the keys
 
 
@@ -127,7 +145,9 @@ def scipy_openblas():
     The kernel's threads are prange's: a BLAS that starts threads of its own
     inside each of them fights them for the cores (OpenBLAS warns "Detect
     OpenMP Loop and this application may hang").  ``run_kernel`` sets it to
-    one thread for the call and back after.
+    one thread for the call and back after.  Which kernels OpenBLAS runs
+    (AVX2's "Haswell", AVX-512's "SkylakeX", ...) it decides when it loads,
+    from the CPU or from OPENBLAS_CORETYPE: ``blas_core`` says.
     """
     import ctypes
     import glob
@@ -139,8 +159,14 @@ def scipy_openblas():
     for path in glob.glob(os.path.join(folder, "libscipy_openblas*.so*")):
         library = ctypes.CDLL(path)
         if hasattr(library, "scipy_openblas_set_num_threads"):
+            library.scipy_openblas_get_corename.restype = ctypes.c_char_p
             return library
     return None
+
+
+def blas_core():
+    """The kernels SciPy's OpenBLAS runs here ("SkylakeX", "Haswell", ...), or None for another BLAS."""
+    return _BLAS[0].scipy_openblas_get_corename().decode() if _BLAS[0] is not None else None
 
 
 def tile_sizes_for(head_dim, head_dim_v, itemsize, l2_bytes=None):
@@ -171,36 +197,66 @@ def wide_tiles(seqlen_q):
 
 
 if numba is not None:
+    @intrinsic
+    def fetch_add(typingctx, counter):
+        """counter[0] += 1, atomically, returning the value before: the threads draw item numbers from it.
+
+        LLVM's ``atomicrmw add`` (one ``lock xadd`` on x86): numba has no atomics
+        on the CPU, and a plain ``counter[0] += 1`` from two threads loses counts."""
+        if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+            return None
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(counter)(context, builder, args[0]).data
+            return builder.atomic_rmw("add", data, ir.Constant(ir.IntType(64), 1), "monotonic")
+        return types.int64(counter), codegen
+
+    @numba.njit(cache=True)
+    def tile_buffers(Br, Bc, D, Dv, dtype, blas):
+        """A work item's scratch ("SRAM") for up to Br query rows and Bc keys.
+
+        For np.dot: flat S, P V and scaled Qi, reshaped to each tile's size (so
+        every tile is contiguous).  For ``matmul_nt``: its zero-padded tiles
+        (zero, so that the pads stay finite).  Then Oi, m, l, exp_row's bits.
+        """
+        rows4, Dv2, Bc2 = (Br + 3) // 4 * 4, (Dv + 1) // 2 * 2, (Bc + 1) // 2 * 2  # matmul_nt's padding
+        flat = 0 if not blas else 1
+        pad = 1 - flat
+        return (np.empty(flat * Br * Bc, dtype), np.empty(flat * Br * Dv, dtype), np.empty(flat * Br * D, dtype),
+                np.zeros((pad * rows4, Bc2), dtype), np.zeros((pad * rows4, Dv2), dtype),
+                np.zeros((pad * rows4, D), dtype), np.zeros((pad * Bc2, D), dtype),
+                np.zeros((pad * Dv2, Bc2), dtype),                    # Vj transposed: P V is also A B^T
+                np.empty(Br * Dv, dtype), np.empty(Br, dtype), np.empty(Br, dtype), np.zeros(Bc2, np.int32))
+
     @numba.njit(cache=True, fastmath=FASTMATH)
     def query_tile(q, k, v, b, h, kh, r0, r1, tc_lo, tc_hi, tiles_row, Bc, scale, cap, alibi, slope,
                    offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector, base2,
-                   out, lse):
+                   buffers, out, lse):
         """One work item: query rows [r0, r1) of (batch b, head h) against key tiles [tc_lo, tc_hi) of head kh.
 
-        ``out`` and ``lse`` are this split's (B, H, Nq, Dv) and (B, H, Nq).
+        ``buffers`` are ``tile_buffers``'; ``out`` and ``lse`` are this split's
+        (B, H, Nq, Dv) and (B, H, Nq).
         """
         Nk, D = k.shape[2], k.shape[3]
         Dv = v.shape[3]
         n_r = r1 - r0
-        rows4, Dv2, Bc2 = (n_r + 3) // 4 * 4, (Dv + 1) // 2 * 2, (Bc + 1) // 2 * 2  # matmul_nt's padding
-        if blas:     # contiguous tiles for np.dot; Qi, Kj and Vj are views of q, k, v
-            S_flat = np.empty(n_r * Bc, q.dtype)
-            PV = np.empty((n_r, Dv), q.dtype)
+        rows4, Dv2 = (n_r + 3) // 4 * 4, (Dv + 1) // 2 * 2     # matmul_nt's padding
+        S_flat, PV_flat, Q_flat, S_pad, PV_pad, Q_pad, K_pad, VT_pad, O_flat, m, l, exponent_bits = buffers
+        if blas:     # Qi scaled and contiguous for np.dot; Kj and Vj are views of k, v
+            PV = PV_flat[:n_r * Dv].reshape((n_r, Dv))
             if base2:                             # scores in log2 units: 2**(s log2 e) = e**s
                 scale = scale * q.dtype.type(LOG2E)
-            Qi = q[b, h, r0:r1] * scale           # the scale folded into Qi once, not into every Sij
+            Qi = Q_flat[:n_r * D].reshape((n_r, D))
+            for r in range(n_r):                  # the scale folded into Qi once, not into every Sij
+                for d in range(D):
+                    Qi[r, d] = q[b, h, r0 + r, d] * scale
             scale = q.dtype.type(1)
-        else:        # the tile buffers ("SRAM"): this work item's own, zero so pads stay finite
-            S_pad = np.zeros((rows4, Bc2), q.dtype)
-            PV_pad = np.zeros((rows4, Dv2), q.dtype)
-            Q_pad = np.zeros((rows4, D), q.dtype)
-            K_pad = np.zeros((Bc2, D), q.dtype)
-            VT_pad = np.zeros((Dv2, Bc2), q.dtype)        # Vj transposed: P V is also A B^T
+        else:
             Q_pad[:n_r] = q[b, h, r0:r1]
-        Oi = np.zeros((n_r, Dv), q.dtype)          # the unnormalised output, on chip throughout
-        m = np.full(n_r, -np.inf, q.dtype)
-        l = np.zeros(n_r, q.dtype)
-        exponent_bits = np.zeros(Bc2, np.int32)    # exp_row's scratch
+        Oi = O_flat[:n_r * Dv].reshape((n_r, Dv))  # the unnormalised output, on chip throughout
+        Oi[:] = 0
+        m[:] = -np.inf
+        l[:] = 0
         for tc in range(tc_lo, tc_hi):
             kind = tiles_row[tc]
             if kind == rules.EMPTY:
@@ -230,28 +286,52 @@ if numba is not None:
             for e in range(Dv):
                 out[b, h, r0 + r, e] = Oi[r, e] * q.dtype.type(inv_l)
 
-    @numba.njit(cache=True, parallel=True)
-    def forward_kernel(q, k, v, items, tiles, kv_head, Br, Bc, splits, scale, cap, alibi, slopes,
-                       offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector, base2,
-                       out, lse):
-        """Every work item, spread over the cores by prange.
+    @numba.njit(cache=True)
+    def run_of_items(q, k, v, items, first, last, next_item, tiles, kv_head, Br, Bc, splits, scale, cap, alibi,
+                     slopes, offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector,
+                     base2, out, lse):
+        """What one prange iteration does: its tile buffers, allocated once, then its work items.
 
-        ``items`` lists them in the order they are handed out, each as
-        (batch, head, query tile, key split); split s owns key tiles
-        [s Tc / splits, (s + 1) Tc / splits) and writes out[s], lse[s].
+        Items [first, last) of ``items``, one after another; or, when
+        ``next_item`` holds a counter, whichever item it hands out next, until
+        none is left.  Split s of an item owns key tiles [s Tc / splits,
+        (s + 1) Tc / splits) and writes out[s], lse[s].
         """
         Nq = q.shape[2]
         Tc = tiles.shape[1]
-        for n in numba.prange(items.shape[0]):
+        buffers = tile_buffers(Br, Bc, q.shape[3], v.shape[3], q.dtype, blas)
+        handout = next_item.shape[0] > 0
+        n = fetch_add(next_item) if handout else first
+        while n < last:
             b, h, t, s = items[n, 0], items[n, 1], items[n, 2], items[n, 3]
             r0 = t * Br
             query_tile(q, k, v, b, h, kv_head[h], r0, min(r0 + Br, Nq), s * Tc // splits,
                        (s + 1) * Tc // splits, tiles[t], Bc, q.dtype.type(scale), q.dtype.type(cap), alibi,
                        slopes[b, h], offset, left, right, round_bits, round_min_exponent, fast_exp, blas,
-                       row_vector, base2, out[s], lse[s])
+                       row_vector, base2, buffers, out[s], lse[s])
+            n = fetch_add(next_item) if handout else n + 1
+
+    @numba.njit(cache=True, parallel=True)
+    def forward_kernel(q, k, v, items, runs, next_item, tiles, kv_head, Br, Bc, splits, scale, cap, alibi, slopes,
+                       offset, left, right, round_bits, round_min_exponent, fast_exp, blas, row_vector, base2,
+                       out, lse):
+        """Every work item, spread over the cores by prange.
+
+        ``items`` lists them, each as (batch, head, query tile, key split);
+        ``runs`` cuts that list into contiguous runs, run r being items
+        [runs[r], runs[r + 1]), and prange hands each thread a contiguous
+        stretch of runs.  With a counter in ``next_item`` a run is not a fixed
+        stretch but a worker: it takes the next item from the counter until
+        the list is done (``runs`` then only says how many workers).
+        """
+        for r in numba.prange(runs.shape[0] - 1):
+            last = items.shape[0] if next_item.shape[0] > 0 else runs[r + 1]
+            run_of_items(q, k, v, items, runs[r], last, next_item, tiles, kv_head, Br, Bc, splits, scale, cap,
+                         alibi, slopes, offset, left, right, round_bits, round_min_exponent, fast_exp, blas,
+                         row_vector, base2, out, lse)
 
 
-def work_items(batch, heads, tiles, splits, balanced):
+def work_items(batch, heads, tiles, splits, balanced, heaviest_first=False):
     """The (batch, head, query tile, split) work items, as an (n, 4) int64 array in prange's order.
 
     ``prange`` cuts its range into one contiguous run per thread before it
@@ -262,22 +342,35 @@ def work_items(batch, heads, tiles, splits, balanced):
     sorted by the number of key tiles it computes, then laid out heaviest,
     lightest, second heaviest, second lightest, ...: any contiguous run of
     them holds about its share of the work, across heads and splits too.
+    Heaviest first: sorted by that cost and no more, the order for items
+    handed out one at a time (the longest go first, the short ones fill the
+    gaps at the end).
     """
     Tr, Tc = tiles.shape
     zigzag = [z // 2 if z % 2 == 0 else Tr - 1 - z // 2 for z in range(Tr)]
     items = np.array([(b, h, t, s) for b in range(batch) for h in range(heads) for t in zigzag
                       for s in range(splits)], dtype=np.int64).reshape(-1, 4)
-    if balanced and len(items):
+    if (balanced or heaviest_first) and len(items):
         computed = np.cumsum(np.concatenate([np.zeros((Tr, 1), np.int64),
                                              (tiles != rules.EMPTY).astype(np.int64)], axis=1), axis=1)
         lo, hi = items[:, 3] * Tc // splits, (items[:, 3] + 1) * Tc // splits
         cost = computed[items[:, 2], hi] - computed[items[:, 2], lo]
         items = items[np.argsort(-cost, kind="stable")]
+        if heaviest_first:
+            return items
         n = len(items)                                  # heaviest, lightest, 2nd heaviest, 2nd lightest, ...
         snake = np.empty(n, np.int64)
         snake[0::2], snake[1::2] = np.arange((n + 1) // 2), np.arange(n - 1, (n + 1) // 2 - 1, -1)
         items = items[snake]
     return items
+
+
+def item_runs(n_items, threads, per_thread):
+    """``forward_kernel``'s runs: item n alone in run n (its buffers its own), or, ``per_thread``,
+    one contiguous run per thread, cut as prange would cut the items (the buffers then once a thread)."""
+    if not per_thread:
+        return np.arange(n_items + 1, dtype=np.int64)
+    return np.array([n_items * r // threads for r in range(threads + 1)], dtype=np.int64)
 
 
 def key_splits(batch, heads, query_tiles, key_tiles, threads):
@@ -301,13 +394,15 @@ def run_kernel(launch, q, k, v, step=FINAL_STEP, splits=None):
         splits = key_splits(B, H, *launch.tiles.shape, threads) if config.tuned else 1
     out = np.empty((splits, B, H, Nq, v.shape[3]), dtype=launch.acc_dtype)
     lse = np.empty((splits, B, H, Nq), dtype=launch.acc_dtype)
-    items = work_items(B, H, launch.tiles, splits, config.balanced)
+    items = work_items(B, H, launch.tiles, splits, config.balanced, heaviest_first=config.handout)
+    runs = item_runs(len(items), threads, config.scratch)
+    next_item = np.zeros(1 if config.handout else 0, dtype=np.int64)    # the hand-out's counter
     blas = _BLAS[0] if config.blas else None
     blas_threads = blas.scipy_openblas_get_num_threads() if blas is not None else None
     if blas is not None:
         blas.scipy_openblas_set_num_threads(1)
     try:
-        forward_kernel(q, k, v, items, launch.tiles, launch.kv_head, launch.Br, launch.Bc, splits,
+        forward_kernel(q, k, v, items, runs, next_item, launch.tiles, launch.kv_head, launch.Br, launch.Bc, splits,
                        launch.softmax_scale, launch.softcap, launch.alibi, launch.slopes,
                        launch.offset, launch.left, launch.right, launch.round_bits,
                        launch.round_min_exponent, launch.acc_dtype == np.float32, config.blas,
