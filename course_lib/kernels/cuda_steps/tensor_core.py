@@ -402,34 +402,36 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
             qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
 
     @cuda.jit(device=True, forceinline=True)
+    def p_as_a(s, pc):
+        """P's chunk pc as A's four words, straight from S's accumulators: for tf32 the floats TF32_A of one
+        8-key tile (A's word w is key tf32_key(w)); for halves, two 8-key tiles' pairs of floats, rounded
+        and packed (HALF_A)."""
+        if TF32:
+            return (mma.word_of(s[pc, TF32_A[0]]), mma.word_of(s[pc, TF32_A[1]]),
+                    mma.word_of(s[pc, TF32_A[2]]), mma.word_of(s[pc, TF32_A[3]]))
+        return (pack(s[2 * pc + HALF_A[0][0], HALF_A[0][1]], s[2 * pc + HALF_A[0][0], HALF_A[0][2]]),
+                pack(s[2 * pc + HALF_A[1][0], HALF_A[1][1]], s[2 * pc + HALF_A[1][0], HALF_A[1][2]]),
+                pack(s[2 * pc + HALF_A[2][0], HALF_A[2][1]], s[2 * pc + HALF_A[2][0], HALF_A[2][2]]),
+                pack(s[2 * pc + HALF_A[3][0], HALF_A[3][1]], s[2 * pc + HALF_A[3][0], HALF_A[3][2]]))
+
+    @cuda.jit(device=True, forceinline=True)
+    def v_word(vs, vb, row, col):
+        """Word (row, col) of the V tile: padded rows, or the swizzled tile at word vb (LD)."""
+        if LD:
+            return vs[vb + swz(row, col, VW)]
+        return vs[row, col]
+
+    @cuda.jit(device=True, forceinline=True)
     def pv_step_ld(x, s, vs, vb, o, lane):
         """O's fragments e and e + 1 += P's chunk pc times V's (x = pc NE / 2 + e / 2), halves: the four B
         words by one transposed ldmatrix (v_rows)."""
         pc, e = x // (NE // 2), 2 * (x % (NE // 2))
         row, w = v_row(lane, e, pc)
         b0, b1, b2, b3 = mma.ldmatrix_x4_trans(vs, vb + swz(row, w, VW))
-        a0 = pack(s[2 * pc + HALF_A[0][0], HALF_A[0][1]], s[2 * pc + HALF_A[0][0], HALF_A[0][2]])
-        a1 = pack(s[2 * pc + HALF_A[1][0], HALF_A[1][1]], s[2 * pc + HALF_A[1][0], HALF_A[1][2]])
-        a2 = pack(s[2 * pc + HALF_A[2][0], HALF_A[2][1]], s[2 * pc + HALF_A[2][0], HALF_A[2][2]])
-        a3 = pack(s[2 * pc + HALF_A[3][0], HALF_A[3][1]], s[2 * pc + HALF_A[3][0], HALF_A[3][2]])
+        a0, a1, a2, a3 = p_as_a(s, pc)
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
         o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3] = product(
             a0, a1, a2, a3, b2, b3, o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3])
-
-    @cuda.jit(device=True, forceinline=True)
-    def pv_step_tf32_ld(x, s, vs, vb, o, lane):
-        """3xTF32's O fragment e += P's chunk pc times V's, V's words one at a time from the swizzled tile
-        (ldmatrix moves halves: it cannot transpose 32-bit words)."""
-        pc, e = x // NE, x % NE
-        n0, w0 = b_word(lane, 0)
-        n1, w1 = b_word(lane, 1)
-        a0 = mma.word_of(s[pc, TF32_A[0]])
-        a1 = mma.word_of(s[pc, TF32_A[1]])
-        a2 = mma.word_of(s[pc, TF32_A[2]])
-        a3 = mma.word_of(s[pc, TF32_A[3]])
-        b0 = vs[vb + swz(pc * 8 + key_of(w0), e * 8 + n0, VW)]
-        b1 = vs[vb + swz(pc * 8 + key_of(w1), e * 8 + n1, VW)]
-        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
 
     @cuda.jit(device=True, forceinline=True)
     def s_step(x, qf, ks, s, lane):
@@ -443,32 +445,23 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
             s[j, 0], s[j, 1], s[j, 2], s[j, 3])
 
     @cuda.jit(device=True, forceinline=True)
-    def pv_step(x, s, vs, o, lane):
-        """O's fragment e += P's chunk pc times V's (x = pc NE + e): P's fragments become A's."""
+    def pv_step(x, s, vs, vb, o, lane):
+        """O's fragment e += P's chunk pc times V's (x = pc NE + e): P's fragments become A's, V's words
+        one at a time (for 3xTF32's swizzled tiles too: ldmatrix moves halves, it cannot transpose words)."""
         pc, e = x // NE, x % NE
         n0, w0 = b_word(lane, 0)
         n1, w1 = b_word(lane, 1)
-        if TF32:   # A's words are S's floats TF32_A; A's word w is key tf32_key(w) of the chunk, and so B's
-            a0 = mma.word_of(s[pc, TF32_A[0]])
-            a1 = mma.word_of(s[pc, TF32_A[1]])
-            a2 = mma.word_of(s[pc, TF32_A[2]])
-            a3 = mma.word_of(s[pc, TF32_A[3]])
-            b0 = vs[pc * 8 + key_of(w0), e * 8 + n0]
-            b1 = vs[pc * 8 + key_of(w1), e * 8 + n1]
-        else:      # two 8-key tiles of S: their pairs of floats, rounded and packed (HALF_A)
-            a0 = pack(s[2 * pc + HALF_A[0][0], HALF_A[0][1]], s[2 * pc + HALF_A[0][0], HALF_A[0][2]])
-            a1 = pack(s[2 * pc + HALF_A[1][0], HALF_A[1][1]], s[2 * pc + HALF_A[1][0], HALF_A[1][2]])
-            a2 = pack(s[2 * pc + HALF_A[2][0], HALF_A[2][1]], s[2 * pc + HALF_A[2][0], HALF_A[2][2]])
-            a3 = pack(s[2 * pc + HALF_A[3][0], HALF_A[3][1]], s[2 * pc + HALF_A[3][0], HALF_A[3][2]])
-            b0 = vs[e * 8 + n0, pc * 8 + w0]
-            b1 = vs[e * 8 + n1, pc * 8 + w1]
+        a0, a1, a2, a3 = p_as_a(s, pc)
+        if TF32:   # B's word w is key tf32_key(w) of the chunk, as A's
+            b0 = v_word(vs, vb, pc * 8 + key_of(w0), e * 8 + n0)
+            b1 = v_word(vs, vb, pc * 8 + key_of(w1), e * 8 + n1)
+        else:      # V transposed: a word holds two keys of one dim
+            b0 = v_word(vs, vb, e * 8 + n0, pc * 8 + w0)
+            b1 = v_word(vs, vb, e * 8 + n1, pc * 8 + w1)
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
 
-    if LD:
-        s_product = unroll(KC * NT // 2, s_step_ld)
-        pv_product = unroll(PC * NE, pv_step_tf32_ld) if TF32 else unroll(PC * NE // 2, pv_step_ld)
-    else:
-        s_product, pv_product = unroll(KC * NT, s_step), unroll(PC * NE, pv_step)
+    s_product = unroll(KC * NT // 2, s_step_ld) if LD else unroll(KC * NT, s_step)
+    pv_product = unroll(PC * NE // 2, pv_step_ld) if LD and not TF32 else unroll(PC * NE, pv_step)
 
     @cuda.jit(fastmath=True)
     def mma_forward_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes,
@@ -620,10 +613,7 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
                         s[j, 2 * r + c] = p
 
             # O += P V: P's fragments become A's, V's come from shared memory
-            if LD:
-                pv_product(s, vs, stage * VTILE if ASYNC else 0, o, lane)
-            else:
-                pv_product(s, vs, o, lane)
+            pv_product(s, vs, stage * VTILE if ASYNC else 0, o, lane)
             if ASYNC:
                 cuda.syncthreads()         # nobody reads this stage any more: the copy after next may fill it
 
