@@ -19,7 +19,8 @@ chapter 08 plots them:
   to a fresh folder), then with that cache filled: what a learner waits for
   once, and then every time.
 - thread scaling (``benchmark="cpu_attention_threads"``): flash_numba_cpu and
-  torch at (1, 8, 4096, 64) with 1, 2, ... threads, one process each.
+  torch at (1, 8, 4096, 64) with 1, 2, ... threads, one process each, the points
+  alternated over ``--rounds`` rounds (median, min, max and every round recorded).
 - the headline (``benchmark="cpu_attention_headline"``): at (1, 8, 4096, 64),
   every impl in rounds, one worker process of each per round, so that a load
   that comes and goes on a shared machine hits them alike and no library's
@@ -157,11 +158,15 @@ def worker(impl, shape, causal, nq=None, tiles=None):
     """
     threads = os.environ.get("COURSE_THREADS")
     if threads:
-        import numba
-        numba.set_num_threads(int(threads))
+        # only the library that runs: numba.set_num_threads starts numba's thread pool, whose idle
+        # threads spin on the cores torch's own threads need (torch at 2 threads ran 3x slower than
+        # at 1 with it, run 20261202T152607+0000)
         if impl.startswith("torch_"):
             import torch
             torch.set_num_threads(int(threads))
+        else:
+            import numba
+            numba.set_num_threads(int(threads))
     q, k, v = inputs(shape, nq=nq)
     small = tuple(x[:, :, :128].copy() for x in (q, k, v))
     start = time.perf_counter()
@@ -282,14 +287,26 @@ def main(argv=None):
                 print(f"flash_numba_cpu first call, {state}: {result['warmup_s']:.1f} s")
 
     if not args.no_threads:
+        # every (impl, threads) point once per round, the points alternated, --rounds rounds: a busy moment
+        # of the shared machine spoils one round of one point, not the point
         cores = len(os.sched_getaffinity(0))
-        for impl in [i for i in impls if i in ("flash_numba_cpu", "torch_sdpa_flash")]:
-            for threads in range(1, cores + 1):
-                result = run_worker(["--worker", impl, *map(str, HEADLINE), "0"], COURSE_THREADS=str(threads))
-                bench.append_record(args.out, benchmark="cpu_attention_threads", run=run, env=env, impl=impl,
-                                    shape=(*HEADLINE[:3], HEADLINE[2], HEADLINE[3]), dtype="float32",
-                                    time_s=result["time_s"], threads=threads, repeats=result["repeats"])
-                print(f"{impl:>16} with {threads} thread(s): {result['time_s']:.3f} s")
+        points = [(impl, threads) for impl in impls if impl in ("flash_numba_cpu", "torch_sdpa_flash")
+                  for threads in range(1, cores + 1)]
+        rounds = {point: [] for point in points}
+        for _ in tqdm(range(args.rounds), desc="threads", unit="round"):
+            for impl, threads in points:
+                rounds[impl, threads].append(run_worker(["--worker", impl, *map(str, HEADLINE), "0"],
+                                                        COURSE_THREADS=str(threads)))
+        for (impl, threads), rs in rounds.items():
+            times = [r["time_s"] for r in rs]
+            bench.append_record(args.out, benchmark="cpu_attention_threads", run=run, env=env, impl=impl,
+                                shape=(*HEADLINE[:3], HEADLINE[2], HEADLINE[3]), dtype="float32",
+                                time_s=float(np.median(times)), min_s=min(times), max_s=max(times), rounds_s=times,
+                                threads=threads, repeats=rs[0]["repeats"],
+                                load_1min=[r.get("load_1min") for r in rs],
+                                process="own, one per point per round, points alternated")
+            print(f"{impl:>16} with {threads} thread(s): median {np.median(times):.3f} s "
+                  f"(min {min(times):.3f}, max {max(times):.3f}, {len(times)} rounds)")
 
     if not args.no_headline:
         print(f"headline at {HEADLINE}: {args.rounds} rounds, one process per impl per round")
