@@ -32,10 +32,15 @@ Appends to ``notebooks/records/backward.jsonl``, where chapter 12 plots it:
   alternated worker processes.
 - ``backward_phases``: where one core's time goes, phase by phase, in the
   kernel's own tile functions at its tiles without a mask, over one head of
-  (4096, D): S = Q'K^T, dP = dO V^T (``np.dot``), P = exp(S - lse) (the
-  exponentials, ``scores_to_p``), dS (``p_to_ds``), then dV, dK, dQ
-  (``dot_add``); each matmul's GFLOP/s beside a large sgemm's (2048^3) on the
-  same core, the best this BLAS does here.
+  (4096, D): S^T = K Q'^T, dP^T = V dO^T (``np.dot``), P^T = exp(S^T - lse)
+  (the exponentials, ``scores_to_pt``), dS^T (``pt_to_dst``), then dV, dK,
+  dQ (``dot_add``); each matmul's GFLOP/s beside a large sgemm's (2048^3) on
+  the same core, the best this BLAS does here.  Two records per D: the
+  kernel's tile, a row per key (``tile_rows`` "keys", ``kernel`` true), and
+  the same tile a row per query ("queries": S = Q'K^T, ``scores_to_p``,
+  ``p_to_ds``), where dV += P^T dO and dK += dS^T Q' take a transposed tile:
+  the measurement the kernel's orientation was chosen by, alternated in one
+  worker.
 - ``backward_memory``: B = H = 1, D = 64, N from 1K to 16K: how far the
   resident set rises during one backward call above where it stood with q, k,
   v, out, lse and dout made (Linux's peak-RSS counter, reset first).  The
@@ -142,14 +147,18 @@ def tile_gemm_rate(blas, D, repeats=200):
     return 10 * Br * Bc * D * repeats / best / 1e9
 
 
-PHASES = ("S = Q'K^T", "dP = dO V^T", "P = exp(S - lse)", "dS = P (dP - D)", "dV += P^T dO", "dK += dS^T Q'",
-          "dQ += dS K")
-MATMULS = PHASES[:2] + PHASES[4:]
+# The kernel's phases, its tile transposed (a row per key, ``tile_rows`` "keys"), and those of the
+# kernel before it (a row per query, "queries": two of its accumulating matmuls took a transposed tile).
+PHASES = {"keys": ("S^T = K Q'^T", "dP^T = V dO^T", "P^T = exp(S^T - lse)", "dS^T = P^T (dP^T - D)",
+                   "dV += P^T dO", "dK += dS^T Q'", "dQ += (dS^T)^T K"),
+          "queries": ("S = Q'K^T", "dP = dO V^T", "P = exp(S - lse)", "dS = P (dP - D)", "dV += P^T dO",
+                      "dK += dS^T Q'", "dQ += dS K")}
+MATMUL_PHASES = (0, 1, 4, 5, 6)
 
 
 def phase_times(N, D, repeats=3):
-    """Seconds of each of ``PHASES`` over one head of (N, D) on one core (best of ``repeats``), and the
-    GFLOP/s of a 2048^3 sgemm through the same BLAS."""
+    """Seconds of each of ``PHASES``' phases over one head of (N, D) on one core (best of ``repeats``), for
+    each tile orientation (a dict), and the GFLOP/s of a 2048^3 sgemm through the same BLAS."""
     import numba
 
     from course_lib.core import rules
@@ -171,11 +180,16 @@ def phase_times(N, D, repeats=3):
     def phase(which, q, k, v, dout, lse, Dsum, Br, Bc):
         N, D = q.shape[2], q.shape[3]
         P, dS, G = np.empty((Br, Bc), np.float32), np.empty((Br, Bc), np.float32), np.ones((Br, Bc), np.float32)
+        PT, dST, GT = np.empty((Bc, Br), np.float32), np.empty((Bc, Br), np.float32), np.ones((Bc, Br), np.float32)
         dVj, dKj, dq = np.zeros((Bc, D), np.float32), np.zeros((Bc, D), np.float32), np.zeros((N, D), np.float32)
-        bits = np.empty(Bc, np.int32)
+        bits, shifts = np.empty(max(Br, Bc), np.int32), np.empty(Br, np.float32)
         np.dot(q[0, 0, :Br], k[0, 0, :Bc].T, P)
         np.dot(dout[0, 0, :Br], v[0, 0, :Bc].T, dS)
         kernel.scores_to_p(P, G, lse, 0, 0, 0, 0, rules.FULL, np.float32(0), False, 0.0, 0, -1, -1, True, bits)
+        np.dot(k[0, 0, :Bc], q[0, 0, :Br].T, PT)
+        np.dot(v[0, 0, :Bc], dout[0, 0, :Br].T, dST)
+        kernel.scores_to_pt(PT, GT, lse, 0, 0, 0, 0, rules.FULL, np.float32(0), False, 0.0, 0, -1, -1, True, bits,
+                            shifts)
         for c0 in range(0, N, Bc):
             Kj, Vj = k[0, 0, c0:c0 + Bc], v[0, 0, c0:c0 + Bc]
             for r0 in range(0, N, Br):
@@ -195,8 +209,25 @@ def phase_times(N, D, repeats=3):
                     dot_add(P.T, dOi, dVj)
                 elif which == 5:
                     dot_add(dS.T, Qi, dKj)
-                else:
+                elif which == 6:
                     dot_add(dS, Kj, dq[r0:r0 + Br])
+                elif which == 7:     # the kernel's: the tile transposed
+                    np.dot(Kj, Qi.T, PT)
+                elif which == 8:
+                    np.dot(Vj, dOi.T, dST)
+                elif which == 9:
+                    np.dot(Kj, Qi.T, PT)
+                    kernel.scores_to_pt(PT, GT, lse, 0, 0, r0, c0, rules.FULL, np.float32(0), False, 0.0, 0, -1, -1,
+                                        True, bits, shifts)
+                elif which == 10:
+                    np.dot(Vj, dOi.T, dST)
+                    kernel.pt_to_dst(PT, dST, GT, Dsum, 0, 0, r0, np.float32(0), 0, 0)
+                elif which == 11:
+                    dot_add(PT, dOi, dVj)
+                elif which == 12:
+                    dot_add(dST, Qi, dKj)
+                else:
+                    dot_add(dST.T, Kj, dq[r0:r0 + Br])
         return dVj.sum() + dKj.sum() + dq.sum()
 
     @numba.njit
@@ -204,17 +235,21 @@ def phase_times(N, D, repeats=3):
         for _ in range(n):
             np.dot(a, a, out)
 
-    seconds = []
-    for which in range(len(PHASES)):
-        phase(which, q, k, v, dout, lse, Dsum, Br, Bc)
-        best = np.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
+    seconds = {}
+    for first, rows in ((0, "queries"), (7, "keys")):
+        for which in range(first, first + 7):
             phase(which, q, k, v, dout, lse, Dsum, Br, Bc)
-            best = min(best, time.perf_counter() - start)
-        seconds.append(best)
-    seconds[2] -= seconds[0]                 # the exponentials alone
-    seconds[3] -= seconds[1]                 # the dS pass alone
+        seconds[rows] = []
+    for _ in range(repeats):                 # the orientations alternate, so that a load hits both alike
+        for first, rows in ((0, "queries"), (7, "keys")):
+            for which in range(first, first + 7):
+                start = time.perf_counter()
+                phase(which, q, k, v, dout, lse, Dsum, Br, Bc)
+                seconds[rows].append(time.perf_counter() - start)
+    for rows in seconds:
+        seconds[rows] = list(np.array(seconds[rows]).reshape(repeats, 7).min(axis=0))
+        seconds[rows][2] -= seconds[rows][0]         # the exponentials alone
+        seconds[rows][3] -= seconds[rows][1]         # the dS pass alone
     a = np.ones((2048, 2048), np.float32)
     out = np.empty_like(a)
     sgemm(a, out, 1)
@@ -363,26 +398,29 @@ def main(argv=None):
     if args.phases:
         from course_lib.kernels.backward_numba_cpu import TILES
         Br, Bc = TILES["full"]
-        seconds = {d: [] for d in args.head_dims}
+        seconds = {(d, rows): [] for d in args.head_dims for rows in PHASES}
         sgemm = {d: [] for d in args.head_dims}
         load_before = os.getloadavg()
         for _, d in tqdm([(r, d) for r in range(args.rounds) for d in args.head_dims], desc="phases", unit="call"):
             result = run_worker(["flash_numba_cpu", f"1,1,{args.seqlen},{d}", "0", "phases"])
-            seconds[d].append(result["seconds"])
+            for rows in PHASES:
+                seconds[d, rows].append(result["seconds"][rows])
             sgemm[d].append(result["sgemm_gflops"])
         load = {"before": list(load_before), "after": list(os.getloadavg())}
-        for d in args.head_dims:
-            per_phase = np.median(np.array(seconds[d]), axis=0)
+        for d, rows in seconds:
+            per_phase = np.median(np.array(seconds[d, rows]), axis=0)
             matmul_gflops = 2 * args.seqlen ** 2 * d / per_phase / 1e9
-            phases = [{"phase": name, "median_s": float(t), **({"gflops": float(g)} if name in MATMULS else {})}
-                      for name, t, g in zip(PHASES, per_phase, matmul_gflops)]     # in the kernel's order
+            phases = [{"phase": name, "median_s": float(t), **({"gflops": float(g)} if n in MATMUL_PHASES else {})}
+                      for n, (name, t, g) in enumerate(zip(PHASES[rows], per_phase, matmul_gflops))]  # kernel's order
             bench.append_record(args.out, benchmark="backward_phases", impl="flash_numba_cpu",
                                 shape=(1, 1, args.seqlen, args.seqlen, d), dtype="float32",
                                 time_s=float(per_phase.sum()), run=run, env=env, layer="kernel", threads=1,
+                                tile_rows=rows, kernel=rows == "keys",
                                 block_q=Br, block_k=Bc, phases=phases, rounds=args.rounds, load_average=load,
                                 sgemm_2048_gflops={"min": float(np.min(sgemm[d])), "median": float(np.median(sgemm[d])),
                                                    "max": float(np.max(sgemm[d]))})
-            print(f"D={d} one head on one core, {Br} x {Bc} tiles, sgemm 2048^3 {np.median(sgemm[d]):.0f} GFLOP/s: "
+            print(f"D={d} a row per {dict(keys='key', queries='query')[rows]}, one head on one core, {Br} x {Bc} "
+                  f"tiles, total {per_phase.sum() * 1e3:.1f} ms, sgemm 2048^3 {np.median(sgemm[d]):.0f} GFLOP/s: "
                   + ", ".join(f"{p['phase']} {1e3 * p['median_s']:.1f} ms" + (f" ({p['gflops']:.0f} GFLOP/s)"
                                                                            if "gflops" in p else "") for p in phases))
 

@@ -29,13 +29,20 @@ registered so that they can be measured against each other:
 
 The softmax scale is folded into Q once, on the host (Q' = scale Q): then
 S = Q'i Kj^T is the scaled score and dKj += dSij^T Q'i already carries dK's
-scale; dQ's is applied once at the end.  Per tile (Br x Bc), with P
-recomputed from the stored lse: S = Q'i Kj^T, dP = dOi Vj^T, then row by row
-softcap, ALiBi and the mask of a PARTIAL tile (two index bounds per row, as
-the forward's ``rowvec`` step), P = exp(S - lse_i), dS = P (dP - Di) times
-softcap's slope (``rules.softcap_slope``); then dVj += P^T dOi, dKj += dS^T Q'i,
-dQi += dS Kj.  D = rowsum(dO * O) is computed first (FA2's first pass,
-``row_delta``).  Which tiles to skip is the host's plan (``launch.prepare``), as in the
+scale; dQ's is applied once at the end.  Per tile, with P recomputed from the
+stored lse, the key pass holds the tile transposed (Bc x Br, a row per key):
+S^T = Kj Q'i^T, dP^T = Vj dOi^T, then row by row softcap, ALiBi and the mask
+of a PARTIAL tile (two index bounds per row, as the forward's ``rowvec``
+step, the window's sides swapped: seen from a key), P^T = exp(S^T - lse),
+dS^T = P^T (dP^T - D) times softcap's slope (``rules.softcap_slope``); then
+dVj += P^T dOi and dKj += dS^T Q'i take their tile as it lies, and only
+dQi += dS Kj takes one transposed.  Untransposed (S = Q'i Kj^T, a row per
+query), two of the three accumulating matmuls took a transposed tile, and
+those ran slower (benchmarks/backward.py's ``backward_phases`` times both:
+one head at d = 64 on one core, the five matmuls about 3 % faster this way).
+The second pass (``query_tile``) keeps the row per query: its one
+accumulating matmul, dQi += dS Kj, takes dS as it lies.  D = rowsum(dO * O)
+is computed first (FA2's first pass, ``row_delta``).  Which tiles to skip is the host's plan (``launch.prepare``), as in the
 forward.  Precision follows ``rules``: float32 accumulation (float64 for
 float64), P and dS rounded to the input dtype before their matmuls at
 float16 / bfloat16.  The passes around the key tiles (D, and the merge and
@@ -78,7 +85,7 @@ def available() -> bool:
 
 if numba is not None:
     from .blas_add import dot_add
-    from .cpu_tile import alibi_row, hide_outside_window
+    from .cpu_tile import EXP_POLY, LN2_HI, LN2_LO, LOG2E, alibi_row, hide_outside_window
     from .flash_numba_cpu import exp_row, round_to_bits, shift_of, softcap
 
     softcap_slope = numba.njit(cache=True)(rules.softcap_slope)
@@ -132,6 +139,75 @@ if numba is not None:
                     P[r, c] = dtype(round_to_bits(P[r, c], round_bits, round_min_exponent))
                     dP[r, c] = dtype(round_to_bits(dP[r, c], round_bits, round_min_exponent))
 
+    @numba.njit(cache=True, fastmath={"contract"})
+    def exp_row_shifted(P, n, shifts, exponent_bits):
+        """P[:n] = exp(P[:n] - shifts[:n]) in float32: chapter 08's ``exp_row`` with a shift per element
+        (a row of the transposed tile is one key against many query rows, each with its own lse), in
+        one pass instead of a subtraction first (measured on one core, one head at d = 64: 4.6 ms with the
+        subtraction a pass of its own, 3.9 fused, of about 125; the untransposed tile's ``exp_row`` 3.1-3.3)."""
+        for c in range(n):
+            x = P[c] - shifts[c]
+            underflow = x < np.float32(-87.0)
+            if underflow:
+                x = np.float32(-87.0)
+            k = np.int32(x * np.float32(LOG2E))             # toward 0: k >= x / ln 2
+            r = x - np.float32(k) * np.float32(LN2_HI)       # exact: k and LN2_HI have few bits
+            r = r - np.float32(k) * np.float32(LN2_LO)
+            p = np.float32(EXP_POLY[6])
+            for i in range(5, -1, -1):                       # Horner
+                p = p * r + np.float32(EXP_POLY[i])
+            P[c] = p
+            exponent_bits[c] = 0 if underflow else (k + np.int32(127)) << 23
+        two_to_k = exponent_bits.view(np.float32)            # the float32 with exponent k, mantissa 1
+        for c in range(n):
+            P[c] *= two_to_k[c]
+
+    @numba.njit(cache=True, fastmath=FASTMATH)
+    def scores_to_pt(ST, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, left, right, fast_exp,
+                     exponent_bits, shifts):
+        """``scores_to_p`` on the transposed tile: ST[c, r] is the score of query i0 + r against key j0 + c,
+        so a row is one key and its columns are queries.  Seen from key j, query i is visible for
+        i + offset - left <= j <= i + offset + right: the window of a key row, centred on j - offset - i0,
+        has the query's sides swapped; each column subtracts its own row's lse."""
+        n_c, n_r = ST.shape
+        dtype = ST.dtype.type
+        for r in range(n_r):                                   # the shifts of the tile's query rows, once
+            shifts[r] = dtype(shift_of(lse[b, h, i0 + r]))     # a row that sees no key: every s is -inf, P = 0
+        for c in range(n_c):
+            j = j0 + c
+            row = ST[c]
+            if cap > 0:
+                for r in range(n_r):
+                    t = softcap(row[r], cap)
+                    row[r] = t
+                    G[c, r] = softcap_slope(t, cap)
+            if alibi:
+                alibi_row(row, n_r, j - offset - i0, slope)
+            if kind == rules.PARTIAL:              # queries i0 + r that cannot see key j are -inf
+                hide_outside_window(row, n_r, j - offset - i0, right, left)
+            if fast_exp:
+                exp_row_shifted(row, n_r, shifts, exponent_bits)
+            else:
+                for r in range(n_r):
+                    row[r] = math.exp(row[r] - shifts[r])
+
+    @numba.njit(cache=True, fastmath=FASTMATH)
+    def pt_to_dst(PT, dPT, G, Dsum, b, h, i0, cap, round_bits, round_min_exponent):
+        """``p_to_ds`` on the transposed tile: dS^T[c, r] = P^T[c, r] (dP^T[c, r] - D_{i0 + r})."""
+        n_c, n_r = PT.shape
+        dtype = PT.dtype.type
+        D = Dsum[b, h, i0:i0 + n_r]
+        for c in range(n_c):
+            for r in range(n_r):
+                dPT[c, r] = PT[c, r] * (dPT[c, r] - D[r])
+            if cap > 0:
+                for r in range(n_r):
+                    dPT[c, r] *= G[c, r]
+            if round_bits > 0:
+                for r in range(n_r):
+                    PT[c, r] = dtype(round_to_bits(PT[c, r], round_bits, round_min_exponent))
+                    dPT[c, r] = dtype(round_to_bits(dPT[c, r], round_bits, round_min_exponent))
+
     @numba.njit(cache=True, fastmath=FASTMATH)
     def key_tile(q, k, v, dout, lse, Dsum, b, h, kh, c0, tiles_col, Br, Bc, cap, alibi, slope, offset,
                  left, right, round_bits, round_min_exponent, fast_exp, with_dq, dq, dk, dv):
@@ -146,7 +222,8 @@ if numba is not None:
         G_flat = np.ones(Br * n_c, q.dtype)      # softcap's slope
         dKj = np.zeros((n_c, D), q.dtype)        # on chip for the whole inner loop
         dVj = np.zeros((n_c, Dv), q.dtype)
-        exponent_bits = np.empty(n_c, np.int32)
+        exponent_bits = np.empty(Br, np.int32)
+        shifts = np.empty(Br, q.dtype)
         tid = numba.get_thread_id()
         Kj, Vj = load_tile(k, b, kh, c0, c1), load_tile(v, b, kh, c0, c1)
         for tr in range(tiles_col.shape[0]):      # inner: the query tiles that see this key tile
@@ -157,18 +234,20 @@ if numba is not None:
             r1 = min(r0 + Br, Nq)
             n_r = r1 - r0
             Qi, dOi = load_tile(q, b, h, r0, r1), load_tile(dout, b, h, r0, r1)
-            P = S_flat[:n_r * n_c].reshape((n_r, n_c))
-            dS = dP_flat[:n_r * n_c].reshape((n_r, n_c))
-            G = G_flat[:n_r * n_c].reshape((n_r, n_c))
-            np.dot(Qi, Kj.T, P)                                    # S = Q'i Kj^T
-            np.dot(dOi, Vj.T, dS)                                  # dP = dOi Vj^T
-            scores_to_p(P, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, left, right, fast_exp,
-                        exponent_bits)
-            p_to_ds(P, dS, G, Dsum, b, h, r0, cap, round_bits, round_min_exponent)
-            dot_add(P.T, dOi, dVj)                                 # dVj += Pij^T dOi
-            dot_add(dS.T, Qi, dKj)                                 # dKj += dSij^T Q'i
+            # The tile transposed (a row per key): P^T and dS^T come out as dVj and dKj take them, so
+            # two of the three accumulating matmuls read an untransposed tile (measured faster on one core)
+            PT = S_flat[:n_r * n_c].reshape((n_c, n_r))
+            dST = dP_flat[:n_r * n_c].reshape((n_c, n_r))
+            G = G_flat[:n_r * n_c].reshape((n_c, n_r))
+            np.dot(Kj, Qi.T, PT)                                   # S^T = Kj Q'i^T
+            np.dot(Vj, dOi.T, dST)                                 # dP^T = Vj dOi^T
+            scores_to_pt(PT, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, left, right, fast_exp,
+                         exponent_bits, shifts)
+            pt_to_dst(PT, dST, G, Dsum, b, h, r0, cap, round_bits, round_min_exponent)
+            dot_add(PT, dOi, dVj)                                  # dVj += Pij^T dOi
+            dot_add(dST, Qi, dKj)                                  # dKj += dSij^T Q'i
             if with_dq:                                            # this thread's copy of dQi += dSij Kj
-                dot_add(dS, Kj, load_tile(dq[tid], b, h, r0, r1))
+                dot_add(dST.T, Kj, load_tile(dq[tid], b, h, r0, r1))
         load_tile(dk, b, h, c0, c1)[:] = dKj      # dKj, dVj written once
         load_tile(dv, b, h, c0, c1)[:] = dVj
 
