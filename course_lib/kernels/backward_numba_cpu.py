@@ -85,7 +85,7 @@ def available() -> bool:
 
 if numba is not None:
     from .blas_add import dot_add
-    from .cpu_tile import EXP_POLY, LN2_HI, LN2_LO, LOG2E, alibi_row, hide_outside_window
+    from .cpu_tile import alibi_row, exp_row_shifted, hide_outside_window
     from .flash_numba_cpu import exp_row, round_to_bits, shift_of, softcap
 
     softcap_slope = numba.njit(cache=True)(rules.softcap_slope)
@@ -138,29 +138,6 @@ if numba is not None:
                 for c in range(n_c):
                     P[r, c] = dtype(round_to_bits(P[r, c], round_bits, round_min_exponent))
                     dP[r, c] = dtype(round_to_bits(dP[r, c], round_bits, round_min_exponent))
-
-    @numba.njit(cache=True, fastmath={"contract"})
-    def exp_row_shifted(P, n, shifts, exponent_bits):
-        """P[:n] = exp(P[:n] - shifts[:n]) in float32: chapter 08's ``exp_row`` with a shift per element
-        (a row of the transposed tile is one key against many query rows, each with its own lse), in
-        one pass instead of a subtraction first (measured on one core, one head at d = 64: 4.6 ms with the
-        subtraction a pass of its own, 3.9 fused, of about 125; the untransposed tile's ``exp_row`` 3.1-3.3)."""
-        for c in range(n):
-            x = P[c] - shifts[c]
-            underflow = x < np.float32(-87.0)
-            if underflow:
-                x = np.float32(-87.0)
-            k = np.int32(x * np.float32(LOG2E))             # toward 0: k >= x / ln 2
-            r = x - np.float32(k) * np.float32(LN2_HI)       # exact: k and LN2_HI have few bits
-            r = r - np.float32(k) * np.float32(LN2_LO)
-            p = np.float32(EXP_POLY[6])
-            for i in range(5, -1, -1):                       # Horner
-                p = p * r + np.float32(EXP_POLY[i])
-            P[c] = p
-            exponent_bits[c] = 0 if underflow else (k + np.int32(127)) << 23
-        two_to_k = exponent_bits.view(np.float32)            # the float32 with exponent k, mantissa 1
-        for c in range(n):
-            P[c] *= two_to_k[c]
 
     @numba.njit(cache=True, fastmath=FASTMATH)
     def scores_to_pt(ST, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, left, right, fast_exp,

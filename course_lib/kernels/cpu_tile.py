@@ -101,6 +101,20 @@ if numba is not None:
         for c in range(hi, n_c):
             row[c] = neg_inf
 
+    @numba.njit(inline="always", fastmath={"contract"})
+    def exp_parts(x):
+        """exp(x) = p 2**k for float32 x <= 0, as (p, the exponent bits of 2**k); see ``exp_row``."""
+        underflow = x < np.float32(-87.0)
+        if underflow:
+            x = np.float32(-87.0)
+        k = np.int32(x * np.float32(LOG2E))             # toward 0: k >= x / ln 2
+        r = x - np.float32(k) * np.float32(LN2_HI)       # exact: k and LN2_HI have few bits
+        r = r - np.float32(k) * np.float32(LN2_LO)
+        p = np.float32(EXP_POLY[6])
+        for i in range(5, -1, -1):                       # Horner
+            p = p * r + np.float32(EXP_POLY[i])
+        return p, np.int32(0) if underflow else (k + np.int32(127)) << 23
+
     @numba.njit(cache=True, fastmath={"contract"})
     def exp_row(P, n, shift, exponent_bits):
         """P[:n] = exp(P[:n] - shift) in float32, for scores at or below ``shift``.
@@ -115,19 +129,18 @@ if numba is not None:
         subtraction of k ln 2 that keeps r exact.
         """
         for c in range(n):
-            x = P[c] - shift
-            underflow = x < np.float32(-87.0)
-            if underflow:
-                x = np.float32(-87.0)
-            k = np.int32(x * np.float32(LOG2E))             # toward 0: k >= x / ln 2
-            r = x - np.float32(k) * np.float32(LN2_HI)       # exact: k and LN2_HI have few bits
-            r = r - np.float32(k) * np.float32(LN2_LO)
-            p = np.float32(EXP_POLY[6])
-            for i in range(5, -1, -1):                       # Horner
-                p = p * r + np.float32(EXP_POLY[i])
-            P[c] = p
-            exponent_bits[c] = 0 if underflow else (k + np.int32(127)) << 23
+            P[c], exponent_bits[c] = exp_parts(P[c] - shift)
         two_to_k = exponent_bits.view(np.float32)            # the float32 with exponent k, mantissa 1
+        for c in range(n):
+            P[c] *= two_to_k[c]
+
+    @numba.njit(cache=True, fastmath={"contract"})
+    def exp_row_shifted(P, n, shifts, exponent_bits):
+        """P[:n] = exp(P[:n] - shifts[:n]): ``exp_row`` with a shift per element (chapter 12's transposed
+        tile: a row is one key against many query rows, each with its own lse), in one pass."""
+        for c in range(n):
+            P[c], exponent_bits[c] = exp_parts(P[c] - shifts[c])
+        two_to_k = exponent_bits.view(np.float32)
         for c in range(n):
             P[c] *= two_to_k[c]
 
