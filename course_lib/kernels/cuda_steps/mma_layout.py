@@ -1,0 +1,172 @@
+"""The tensor-core kernels' layout, decided on the host: what the kernel's fragments and tiles look like.
+
+Plain Python (no numba): the tilings (``MmaTiling``, the tuned tables, the shared memory they take), where
+P's accumulators go in P V's A fragment (``HALF_A``, ``TF32_A``, ``tf32_key``), where each word of a
+swizzled shared tile sits and which rows each lane hands ``ldmatrix`` (``swizzle``, ``k_rows``,
+``v_rows``), and the inputs as the kernel reads them (``words``, ``kind_of``).  ``tensor_core`` compiles
+these functions into the kernel; ``tests/test_tensor_core.py`` checks them on the CPU against the PTX
+ISA's fragment tables (``mma``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ...core import rules
+from .tiling import STATIC_SHARED
+
+KINDS = ("f16", "bf16", "tf32x1", "tf32x3")
+INPUT_DTYPE = {"f16": np.dtype(np.float16), "bf16": np.dtype(rules.ml_dtypes.bfloat16),
+               "tf32x1": np.dtype(np.float32), "tf32x3": np.dtype(np.float32)}
+STEPS = ("mma_f16", "mma_tf32", "mma_3xtf32")
+
+
+# How P leaves S's accumulators for P V's A fragment (tests/test_tensor_core.py checks both against
+# mma's fragment tables):
+# - halves (m16n8k16): A register r = (which of the chunk's two 8-key tiles of S, the C float packed into
+#   its lower half, the one into its upper half);
+HALF_A = ((0, 0, 1), (0, 2, 3), (1, 0, 1), (1, 2, 3))
+# - tf32 (m16n8k8): A register r is C float TF32_A[r] of the chunk's one 8-key tile, when A's word w is
+#   taken to be key tf32_key(w) of the chunk (B's word w too: the sum over keys is the same in any order).
+TF32_A = (0, 2, 1, 3)
+
+
+def tf32_key(w):
+    """The key (0-7) of an 8-key chunk that A's and B's word ``w`` stand for in 3xTF32's P V."""
+    return 2 * w if w < 4 else 2 * (w - 4) + 1
+
+
+@dataclass(frozen=True)
+class MmaTiling:
+    """The compile-time shape of a tensor-core kernel: ``warps`` warps of 16 query rows, ``Bc`` keys."""
+
+    warps: int = 4
+    Bc: int = 64
+    staged: bool = True      # a thread's K / V words all loaded before any is stored (False: one at a time)
+    prefetch: bool = True    # and the next tile's loaded during this one (registers: Bc * (D + Dv) / threads words)
+    ldmatrix: bool = False   # B fragments by ldmatrix from swizzled, unpadded tiles (V by keys, not transposed)
+    stages: int = 1          # 2: cp.async copies the next tile into a second buffer during this one
+
+    @property
+    def Br(self):
+        return 16 * self.warps
+
+    @property
+    def threads(self):
+        return 32 * self.warps
+
+
+def padded(n, kind):
+    """A head dim rounded up to what the fragments take: 16 halves or 8 tf32s per k chunk (zeros added
+    to q and k leave Q K^T unchanged; added to v, they make output dims nobody writes back)."""
+    step = 8 if kind.startswith("tf32") else 16
+    return -(-n // step) * step
+
+
+# The register-staged tilings measured fastest on the H200 at B*H = 64, N = 4096 (notebooks/records/gpu_mma.jsonl,
+# benchmark gpu_mma_tuned, run 20261202T063651+0000): the start of steps (c) and (d).
+TUNED_STAGED = {("f16", 64): MmaTiling(4, 64, staged=True, prefetch=False),
+                ("f16", 128): MmaTiling(8, 64, staged=True, prefetch=False),
+                ("tf32x3", 64): MmaTiling(8, 32, staged=True, prefetch=False),
+                ("tf32x3", 128): MmaTiling(8, 16, staged=True, prefetch=False)}
+
+# After (c) ldmatrix and (d) cp.async: the fastest of the sweep (benchmark gpu_mma_chain_tuned, run
+# RUN_CHAIN), each checked there at every awkward case.
+RUN_CHAIN = "20261202T145416+0000"
+TUNED = {("f16", 64): MmaTiling(8, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("f16", 128): MmaTiling(8, 32, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("tf32x3", 64): MmaTiling(8, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("tf32x3", 128): MmaTiling(8, 32, staged=True, prefetch=False, ldmatrix=True, stages=2)}
+
+
+def staged_tiling(kind, D, Dv):
+    """The register-staged tiling (steps a and b): ``TUNED_STAGED``'s where one was measured (D = Dv = 64 or
+    128); otherwise 4 warps of 16 rows, 64 keys a tile, 32 for tf32 at the larger head dims (its float32 K
+    and V tiles must fit the 48 KB of static shared memory), the next tile prefetched where its words fit
+    the registers (head dims up to 64)."""
+    if D == Dv and (kind, D) in TUNED_STAGED:
+        return TUNED_STAGED[kind, D]
+    words = padded(max(D, Dv), kind) // (1 if kind.startswith("tf32") else 2)
+    tiling = MmaTiling(4, 32 if words > 64 else 64, prefetch=max(D, Dv) <= 64)
+    while shared_bytes(kind, tiling, D, Dv) > STATIC_SHARED and tiling.Bc > 16:    # large head dims
+        tiling = replace(tiling, Bc=tiling.Bc // 2)
+    return tiling
+
+
+def default_tiling(kind, D, Dv):
+    """The tiling a launch gets: ``TUNED``'s where one was measured, otherwise the staged tiling's shape with
+    steps (c) and (d): ldmatrix from swizzled tiles filled by cp.async, two stages."""
+    if D == Dv and (kind, D) in TUNED:
+        return TUNED[kind, D]
+    return replace(staged_tiling(kind, D, Dv), staged=True, prefetch=False, ldmatrix=True, stages=2)
+
+
+def shared_bytes(kind, tiling, D, Dv):
+    """Shared memory of one block: the K tile and the V tile, 4-byte words: rows padded by 4, or, with
+    ``ldmatrix``, swizzled (no padding), ``stages`` of each."""
+    Bc, Dp, Ep = tiling.Bc, padded(D, kind), padded(Dv, kind)
+    w = 1 if kind.startswith("tf32") else 2
+    if tiling.ldmatrix:
+        return 4 * tiling.stages * Bc * (Dp + Ep) // w
+    if kind.startswith("tf32"):
+        return 4 * (Bc * (Dp + 4) + Bc * (Ep + 4))
+    return 4 * (Bc * (Dp // 2 + 4) + Ep * (Bc // 2 + 4))
+
+
+def swizzle(row, word, rw):
+    """Where word ``word`` of row ``row`` of a tile with ``rw`` words a row sits (a flat word index).
+
+    ldmatrix reads 8 rows of 16 bytes (4 words, a "chunk") at once, the same chunk of each row; stored
+    plainly, rows of 32 or 64 words would put all 8 in the same 4 of shared memory's 32 banks (an
+    8-way conflict).  So the chunk index is XORed with the row: rows r and r + 1 .. r + 7 land on 8
+    different chunks of a 128-byte line (all 32 banks), and the tile needs no padding.  Rows of fewer
+    than 8 chunks (small head dims) are XORed by the 128-byte line of the flat address instead, which
+    spreads any 8 consecutive rows over 8 chunks as well.  A permutation of the tile either way
+    (tests/test_tensor_core.py checks both that and the banks)."""
+    chunks = rw >> 2
+    chunk = word >> 2
+    if chunks % 8 == 0:
+        return row * rw + ((chunk ^ (row & 7)) << 2) + (word & 3)
+    a = row * chunks + chunk
+    return ((a ^ ((a >> 3) & 7)) << 2) + (word & 3)
+
+
+def k_rows(lane, j, kc):
+    """The (key, word) of the K tile whose address ``lane`` gives ldmatrix.x4 for S's key tiles j and j + 1
+    at k chunk kc: matrix lane // 8 is key tile j + lane // 16, words 4 ((lane // 8) % 2) .. + 3 of the
+    chunk (mma.ldmatrix_row), so the four registers are B's two words for tile j, then for tile j + 1."""
+    return (j + (lane >> 4)) * 8 + (lane & 7), kc * 8 + 4 * ((lane >> 3) & 1)
+
+
+def v_rows(lane, e, pc):
+    """The (key, word) of the V tile (keys by rows) whose address ``lane`` gives ldmatrix.x4.trans for O's
+    dim tiles e and e + 1 at P's 16-key chunk pc: matrix lane // 8 is keys 8 ((lane // 8) % 2) .. + 7 of
+    the chunk, the 8 dims (4 words) of tile e + lane // 16; transposed, B's two words for tile e, then e + 1."""
+    return pc * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 4 * (e + (lane >> 4))
+
+
+def words(x, kind):
+    """An input as the kernel reads it: its last dim zero-padded to the fragments' multiple, C-contiguous,
+    its bits as 32-bit words (two halves, or one float32, a word).  No copy when nothing is padded."""
+    n = x.shape[-1]
+    x = np.ascontiguousarray(x)
+    if padded(n, kind) != n:
+        x = np.concatenate([x, np.zeros((*x.shape[:-1], padded(n, kind) - n), x.dtype)], axis=-1)
+    return x.view(np.uint32)
+
+
+def kind_of(step, dtype):
+    """The kernel a step runs for inputs of ``dtype``."""
+    dtype = np.dtype(dtype)
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    if step != "mma_f16":
+        if dtype != np.float32:
+            raise TypeError(f"{step} computes float32 inputs on the tf32 tensor cores; q, k and v are {dtype}")
+        return "tf32x3" if step == "mma_3xtf32" else "tf32x1"
+    for kind in ("f16", "bf16"):
+        if dtype == INPUT_DTYPE[kind]:
+            return kind
+    raise TypeError(f"mma_f16 takes float16 or bfloat16 inputs (the tensor cores' half types); q, k and v are "
+                    f"{dtype}: cast them, or use mma_3xtf32 for float32")
