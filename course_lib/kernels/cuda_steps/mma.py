@@ -94,9 +94,15 @@ if cuda is not None:
     _F32, _I32 = ir.FloatType(), ir.IntType(32)
     _C4 = types.UniTuple(types.float32, 4)
 
-    def _asm(builder, ret, args, text, constraints):
+    def _asm(builder, ret, args, text, constraints, side_effect=False):
+        """One inline PTX instruction; ``side_effect`` (with a memory clobber in ``constraints``) for those
+        that touch memory LLVM cannot see, so that they are neither dropped nor moved across others."""
         fnty = ir.FunctionType(ret, [a.type for a in args])
-        return builder.call(ir.InlineAsm(fnty, text, constraints), args)
+        return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=side_effect), args)
+
+    def _four(context, builder, tuple_type, d):
+        """An asm result of four registers as a Numba tuple."""
+        return context.make_tuple(builder, tuple_type, [builder.extract_value(d, i) for i in range(4)])
 
     def _mma(shape_and_types):
         """An intrinsic for one ``mma.sync``: (4 A words, 2 B words, 4 floats of C) -> 4 floats of D."""
@@ -108,7 +114,7 @@ if cuda is not None:
         def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
             def codegen(context, builder, sig, args):
                 d = _asm(builder, ir.LiteralStructType([_F32] * 4), list(args), text, constraints)
-                return context.make_tuple(builder, _C4, [builder.extract_value(d, i) for i in range(4)])
+                return _four(context, builder, _C4, d)
             return _C4(*([types.uint32] * 6 + [types.float32] * 4)), codegen
         return mma
 
@@ -182,11 +188,10 @@ if cuda is not None:
             """Four 8 x 8 matrices of halves: this lane's row starts at word ``index`` of ``tile``."""
             def codegen(context, builder, sig, args):
                 address = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32])
                 # a memory clobber: not moved across the barriers and copies that fill the tile
-                d = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r,~{memory}", side_effect=True),
-                                 [address])
-                return context.make_tuple(builder, _U4, [builder.extract_value(d, i) for i in range(4)])
+                d = _asm(builder, ir.LiteralStructType([_I32] * 4), [address], text, "=r,=r,=r,=r,r,~{memory}",
+                         side_effect=True)
+                return _four(context, builder, _U4, d)
             return _U4(tile, index), codegen
         return ldmatrix
 
@@ -205,10 +210,9 @@ if cuda is not None:
             inds = [context.cast(builder, a, t, types.intp) for a, t in zip(args[3:7], sig.args[3:7])]
             ptr = cgutils.get_item_pointer(context, builder, sig.args[2], s, inds)
             size = context.cast(builder, args[7], sig.args[7], types.uint32)
-            fnty = ir.FunctionType(ir.VoidType(), [_I32, ir.IntType(64), _I32])
             text = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.cg.shared.global [$0], [g], 16, $2; }"
-            builder.call(ir.InlineAsm(fnty, text, "r,l,r,~{memory}", side_effect=True),
-                         [dst, builder.ptrtoint(ptr, ir.IntType(64)), size])
+            _asm(builder, ir.VoidType(), [dst, builder.ptrtoint(ptr, ir.IntType(64)), size], text,
+                 "r,l,r,~{memory}", side_effect=True)
             return context.get_dummy_value()
         return types.void(tile, index, src, i0, i1, i2, i3, nbytes), codegen
 
@@ -216,8 +220,7 @@ if cuda is not None:
         @intrinsic
         def op(typingctx):
             def codegen(context, builder, sig, args):
-                fnty = ir.FunctionType(ir.VoidType(), [])
-                builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+                _asm(builder, ir.VoidType(), [], text, "~{memory}", side_effect=True)
                 return context.get_dummy_value()
             return types.void(), codegen
         return op

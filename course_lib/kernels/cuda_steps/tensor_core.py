@@ -248,21 +248,22 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
                 vs[2 * w + 1, x // VW] = mma.high_halves(vw[u, 0], vw[u, 1])
 
     @cuda.jit(device=True, forceinline=True)
+    def copy_rows(src, tile, base, rw, chunks, per_thread, b, kh, c0, Nk, t):
+        """Thread t's 16-byte chunks of Bc rows of ``src`` (``rw`` words, ``chunks`` chunks a row) at key c0,
+        by cp.async, into ``tile`` at word ``base`` (swizzled); rows past Nk zero-filled (0 bytes read: the
+        address is clamped to a real row)."""
+        for u in range(per_thread):
+            x = t + u * NTH
+            if x < Bc * chunks:
+                row, w = x // chunks, 4 * (x % chunks)
+                mma.cp_async16(tile, base + swz(row, w, rw), src, b, kh, min(c0 + row, Nk - 1), w,
+                               16 if c0 + row < Nk else 0)
+
+    @cuda.jit(device=True, forceinline=True)
     def copy(k, v, b, kh, c0, Nk, t, ks, vs, kb, vb):
-        """Thread t's 16-byte chunks of the K and V tiles at key c0, by cp.async, into the tiles at words kb
-        and vb (swizzled); rows past Nk zero-filled (0 bytes read: the address is clamped to a real row)."""
-        for u in range(NKC):
-            x = t + u * NTH
-            if x < Bc * KCH:
-                row, w = x // KCH, 4 * (x % KCH)
-                mma.cp_async16(ks, kb + swz(row, w, DW), k, b, kh, min(c0 + row, Nk - 1), w,
-                               16 if c0 + row < Nk else 0)
-        for u in range(NVC):
-            x = t + u * NTH
-            if x < Bc * VCH:
-                row, w = x // VCH, 4 * (x % VCH)
-                mma.cp_async16(vs, vb + swz(row, w, VW), v, b, kh, min(c0 + row, Nk - 1), w,
-                               16 if c0 + row < Nk else 0)
+        """The K and V tiles at key c0, by cp.async, into the tiles at words kb and vb."""
+        copy_rows(k, ks, kb, DW, KCH, NKC, b, kh, c0, Nk, t)
+        copy_rows(v, vs, vb, VW, VCH, NVC, b, kh, c0, Nk, t)
 
     @cuda.jit(device=True, forceinline=True)
     def s_step_ld(x, qf, ks, kb, s, lane):
