@@ -96,6 +96,27 @@ if numba is not None:
         return x[b, h, start:stop]
 
     @numba.njit(cache=True, fastmath=FASTMATH)
+    def softcap_row(row, G_row, n, cap):
+        """Softcap a row of scores in place, keeping its slope (for dS) in G_row: either tile's orientation."""
+        for c in range(n):
+            t = softcap(row[c], cap)
+            row[c] = t
+            G_row[c] = softcap_slope(t, cap)
+
+    @numba.njit(cache=True, fastmath=FASTMATH)
+    def finish_ds_row(P_row, dS_row, G_row, n, cap, round_bits, round_min_exponent):
+        """The rest of a row of dS once P (dP - D) is in place: softcap's slope, then P and dS as the matrix
+        unit takes them (rounded to float16 / bfloat16 for those inputs)."""
+        dtype = P_row.dtype.type
+        if cap > 0:
+            for c in range(n):
+                dS_row[c] *= G_row[c]
+        if round_bits > 0:
+            for c in range(n):
+                P_row[c] = dtype(round_to_bits(P_row[c], round_bits, round_min_exponent))
+                dS_row[c] = dtype(round_to_bits(dS_row[c], round_bits, round_min_exponent))
+
+    @numba.njit(cache=True, fastmath=FASTMATH)
     def scores_to_p(S, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, left, right, fast_exp,
                     exponent_bits):
         """S (scaled scores of rows i0.., keys j0..) -> P = exp(S - lse_i) in place, row by row;
@@ -106,10 +127,7 @@ if numba is not None:
             i = i0 + r
             row = S[r]
             if cap > 0:
-                for c in range(n_c):
-                    t = softcap(row[c], cap)
-                    row[c] = t
-                    G[r, c] = softcap_slope(t, cap)
+                softcap_row(row, G[r], n_c, cap)
             if alibi:
                 alibi_row(row, n_c, i + offset - j0, slope)
             if kind == rules.PARTIAL:             # keys j0 + c outside the row's window are -inf
@@ -126,18 +144,11 @@ if numba is not None:
         """dP -> dS = P (dP - Di) (times softcap's slope) in place; then P and dS as the matrix unit
         takes them (rounded to float16 / bfloat16 for those inputs)."""
         n_r, n_c = P.shape
-        dtype = P.dtype.type
         for r in range(n_r):
             Di = Dsum[b, h, i0 + r]
             for c in range(n_c):
                 dP[r, c] = P[r, c] * (dP[r, c] - Di)
-            if cap > 0:
-                for c in range(n_c):
-                    dP[r, c] *= G[r, c]
-            if round_bits > 0:
-                for c in range(n_c):
-                    P[r, c] = dtype(round_to_bits(P[r, c], round_bits, round_min_exponent))
-                    dP[r, c] = dtype(round_to_bits(dP[r, c], round_bits, round_min_exponent))
+            finish_ds_row(P[r], dP[r], G[r], n_c, cap, round_bits, round_min_exponent)
 
     @numba.njit(cache=True, fastmath=FASTMATH)
     def scores_to_pt(ST, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, left, right, fast_exp,
@@ -154,10 +165,7 @@ if numba is not None:
             j = j0 + c
             row = ST[c]
             if cap > 0:
-                for r in range(n_r):
-                    t = softcap(row[r], cap)
-                    row[r] = t
-                    G[c, r] = softcap_slope(t, cap)
+                softcap_row(row, G[c], n_r, cap)
             if alibi:
                 alibi_row(row, n_r, j - offset - i0, slope)
             if kind == rules.PARTIAL:              # queries i0 + r that cannot see key j are -inf
@@ -172,18 +180,11 @@ if numba is not None:
     def pt_to_dst(PT, dPT, G, Dsum, b, h, i0, cap, round_bits, round_min_exponent):
         """``p_to_ds`` on the transposed tile: dS^T[c, r] = P^T[c, r] (dP^T[c, r] - D_{i0 + r})."""
         n_c, n_r = PT.shape
-        dtype = PT.dtype.type
         D = Dsum[b, h, i0:i0 + n_r]
         for c in range(n_c):
             for r in range(n_r):
                 dPT[c, r] = PT[c, r] * (dPT[c, r] - D[r])
-            if cap > 0:
-                for r in range(n_r):
-                    dPT[c, r] *= G[c, r]
-            if round_bits > 0:
-                for r in range(n_r):
-                    PT[c, r] = dtype(round_to_bits(PT[c, r], round_bits, round_min_exponent))
-                    dPT[c, r] = dtype(round_to_bits(dPT[c, r], round_bits, round_min_exponent))
+            finish_ds_row(PT[c], dPT[c], G[c], n_r, cap, round_bits, round_min_exponent)
 
     @numba.njit(cache=True, fastmath=FASTMATH)
     def key_tile(q, k, v, dout, lse, Dsum, b, h, kh, c0, tiles_col, Br, Bc, cap, alibi, slope, offset,
