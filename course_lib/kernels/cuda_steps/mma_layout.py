@@ -102,6 +102,22 @@ def default_tiling(kind, D, Dv):
     return replace(staged_tiling(kind, D, Dv), staged=True, prefetch=False, ldmatrix=True, stages=2)
 
 
+# Decode (no more query rows than one warp's 16, against a long cache) is a matter of bytes in flight, not of
+# FLOPs: a block of one warp, so that a multiprocessor holds several, each with a K / V tile of about 16 KB in
+# flight (cp.async, two stages), and split-KV (``decode_splits``) to give every multiprocessor blocks to hold.
+DECODE_ROWS = 16
+DECODE_STAGE_BYTES = 16 * 1024
+
+
+def decode_tiling(kind, D, Dv):
+    """The tiling of a launch with at most ``DECODE_ROWS`` query rows: one warp, the widest key tile (16 to 64
+    keys) whose two stages of K and V take at most 2 x ``DECODE_STAGE_BYTES``."""
+    tiling = MmaTiling(1, 64, staged=True, prefetch=False, ldmatrix=True, stages=2)
+    while shared_bytes(kind, tiling, D, Dv) > 2 * DECODE_STAGE_BYTES and tiling.Bc > 16:
+        tiling = replace(tiling, Bc=tiling.Bc // 2)
+    return tiling
+
+
 def shared_bytes(kind, tiling, D, Dv):
     """Shared memory of one block: the K tile and the V tile, 4-byte words: rows padded by 4, or, with
     ``ldmatrix``, swizzled (no padding), ``stages`` of each."""

@@ -58,12 +58,13 @@ from ...core.options import call_forward
 from ...core.reference import nan_lse_where_out_is_nan
 from .. import launch as host
 from .device import on_gpu
-from .mma_layout import (HALF_A, INPUT_DTYPE, KINDS, RUN_CHAIN, STEPS, TF32_A, TUNED, TUNED_STAGED,  # noqa: F401
-                         MmaTiling, default_tiling, k_rows, kind_of, padded, shared_bytes, staged_tiling, swizzle,
-                         tf32_key, v_rows, words)   # the layout, decided on the host (and re-exported here)
+from .mma_layout import (DECODE_ROWS, HALF_A, INPUT_DTYPE, KINDS, RUN_CHAIN, STEPS, TF32_A, TUNED,  # noqa: F401
+                         TUNED_STAGED, MmaTiling, decode_tiling, default_tiling, k_rows, kind_of, padded,
+                         shared_bytes, staged_tiling, swizzle, tf32_key, v_rows, words)   # the layout (re-exported)
 from .run import Plan, kernel_args
 from .run import launcher as run_launcher
 from .tiling import MAX_SHARED, STATIC_SHARED
+from .tuning import decode_splits as _decode_splits
 
 if numba is not None:
     from . import mma
@@ -519,7 +520,7 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     kind = kind_of(step, q.dtype)
     B, H, Nq, D = q.shape
     Dv = v.shape[3]
-    tiling = tiling or default_tiling(kind, D, Dv)
+    tiling = tiling or (decode_tiling(kind, D, Dv) if Nq <= DECODE_ROWS else default_tiling(kind, D, Dv))
     if opts.block_q not in (None, tiling.Br) or opts.block_k not in (None, tiling.Bc):
         raise ValueError(f"{step} runs {tiling.Br} x {tiling.Bc} tiles (warps of 16 rows); pass tiling=MmaTiling(...) "
                          f"to change them, not block_q / block_k")
@@ -529,6 +530,15 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     grid = (B * H, launch.tiles.shape[0], splits)
     dynamic = shared_bytes(kind, tiling, D, Dv) if tiling.stages > 1 else 0
     return Plan(step, kernel, grid, tiling.threads, dynamic, args, splits, (B, H, Nq, Dv), launch, tiling)
+
+
+def decode_splits(step, dtype, B, H, Nq, Nk, D, Dv, tiling=None):
+    """Split-KV's rule (``tuning.decode_splits``) for a tensor-core launch: (splits, the numbers it used), for
+    the launch's tiling (``decode_tiling`` at decode's few rows); registers taken at their limit, 255."""
+    kind = kind_of(step, dtype)
+    tiling = tiling or (decode_tiling(kind, D, Dv) if Nq <= DECODE_ROWS else default_tiling(kind, D, Dv))
+    return _decode_splits(B * H * -(-Nq // tiling.Br), -(-Nk // tiling.Bc), tiling, D, Dv, regs=255,
+                          shared=shared_bytes(kind, tiling, D, Dv))
 
 
 def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):

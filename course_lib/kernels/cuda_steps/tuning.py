@@ -36,19 +36,21 @@ def resources(kernel):
     return out
 
 
-def decode_splits(rows, tiles, tiling, D, Dv, regs=64, sms=None, waves=DECODE_WAVES):
+def decode_splits(rows, tiles, tiling, D, Dv, regs=64, sms=None, waves=DECODE_WAVES, shared=None):
     """Split-KV's rule: the fewest splits (a power of two) that give ``waves`` full waves of blocks.
 
     ``rows`` blocks run without a split (B * H * Tr); a multiprocessor holds ``blocks_per_sm`` of
     them at once (``occupancy`` of the tiling's shared memory, threads and ``regs``), so the chip
     holds ``sms * blocks_per_sm``.  Fewer blocks leave multiprocessors idle or shallow (too few
     loads in flight); more only add partials to merge.  Never more splits than key tiles.
-    Returns (splits, the numbers the rule used)."""
+    ``shared``: the block's shared bytes where the tiling does not say them itself (a tensor-core
+    tiling's depend on its kind).  Returns (splits, the numbers the rule used)."""
     if sms is None:
         sms = SMS
         if on_gpu():
             sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
-    per_sm = occupancy(regs, tiling.shared_bytes(D, Dv), tiling.threads)["blocks_per_sm"]
+    shared = tiling.shared_bytes(D, Dv) if shared is None else shared
+    per_sm = occupancy(regs, shared, tiling.threads)["blocks_per_sm"]
     want = waves * sms * per_sm
     splits = 1
     while rows * splits < want and splits * 2 <= max(1, tiles):
