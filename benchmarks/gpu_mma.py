@@ -14,11 +14,14 @@ Needs a CUDA GPU (sm_80 or newer), numba-cuda and torch; a benchmark, not a test
   torch_sdpa_cudnn in fp16; mma_3xtf32 beside torch_sdpa_efficient (3xTF32 itself), torch_naive
   (TF32 off: SIMT) and chapter 10's cuda_tuned (SIMT) in fp32.  CUDA events, warm-up, median of 20.
 - ``causal``: mma_f16 causal vs not at N = 8192.
-- ``decode``: Nq = 1, Nk = 32K, B = 8, H = 16, D = 128, fp16: splits swept, beside torch_sdpa_flash.
+- ``decode``: Nq = 1, Nk = 32K, B = 8, H = 16, D = 128, fp16: splits swept for the decode tiling (one warp a
+  block) and for the prefill one, ``tc.decode_splits``' choice marked (``chosen``), beside FA2 and cuDNN.
 - ``chain``: the last two steps, one change each on top of the tuned (register-staged) tiling: (c)
   ``ldmatrix`` from swizzled tiles, (d) ``cp.async`` into two stages; each checked at every awkward case,
   then timed at B*H = 64, N = 4096, D = 64 / 128 beside the peer of its dtype, with the cp.async
   tiling's warps and tile width swept (the fastest is this run's choice, ``gpu_mma_chain_tuned``).
+  ``--chain-cases``, ``--chain-steps``, ``--chain-timed`` and ``--chain-timing-only`` narrow it to what a
+  change touched (each kernel takes about 10 s to compile on the device machine: the full chain is ~10 min).
 """
 from __future__ import annotations
 
@@ -60,8 +63,11 @@ CASES.update({
 })
 
 
+START = time.time()
+
+
 def log(*parts):
-    print(*parts, flush=True)
+    print(f"[{time.time() - START:6.1f} s]", *parts, flush=True)
 
 
 def write(rec):
@@ -208,12 +214,17 @@ def part_causal():
 
 
 def part_decode():
+    """Splits swept for the decode tiling (one warp a block, what ``plan`` takes at <= 16 query rows) and for
+    the prefill tiling, each row saying whether it is ``tc.decode_splits``' choice, beside FA2 and cuDNN."""
     B, H, Nk, D = 8, 16, 32768, 128
     q, k, v = problem(B, H, H, 1, Nk, D, D, "float16", seed=3)
-    for splits in (1, 4, 8, 16, 32, 64):
-        go = mma_call("mma_f16", q, k, v, splits=splits)[0]
-        timed("gpu_mma_decode", go, (B, H, 1, Nk, D), "float16", False, ("cuda_mma_f16", "mma.sync m16n8k16"),
-              {"splits": splits})
+    kind = tc.kind_of("mma_f16", q.dtype)
+    for label, tiling in (("decode", tc.decode_tiling(kind, D, D)), ("prefill", tc.default_tiling(kind, D, D))):
+        chosen = tc.decode_splits("mma_f16", q.dtype, B, H, 1, Nk, D, D, tiling=tiling)[0]
+        for splits in sorted({1, 4, 8, 16, 32, 64, chosen}):
+            go = mma_call("mma_f16", q, k, v, splits=splits, tiling=tiling)[0]
+            timed("gpu_mma_decode", go, (B, H, 1, Nk, D), "float16", False, ("cuda_mma_f16", "mma.sync m16n8k16"),
+                  {"splits": splits, "tiling_name": label, "tiling": tdict_of(tiling), "chosen": splits == chosen})
     for n, fn in peers(q, k, v, "float16", False, ["torch_sdpa_flash", "torch_sdpa_cudnn"]).items():
         timed("gpu_mma_decode", fn, (B, H, 1, Nk, D), "float16", False, (n, PEER_RUNS_ON[n]))
 
@@ -231,7 +242,7 @@ def part_sanitize():
                 log(f"sanitize {step} {label} {name}: ran")
 
 
-RUN_FLAGS = [f for f in ("--staged-only",) if f in sys.argv]
+RUN_FLAGS = [f for f in ("--staged-only", "--chain-timing-only") if f in sys.argv]
 for _f in RUN_FLAGS:
     sys.argv.remove(_f)
 TUNED_RUN = {}    # (step, D) -> the tiling the variants part measured fastest (this run's autotune)
@@ -303,10 +314,16 @@ def tdict_of(t):
             "stages": t.stages}
 
 
+CHAIN = {"cases": None, "timed": None, "steps": None}   # --chain-cases, --chain-timed, --chain-steps
+
+
 def part_chain():
     from dataclasses import replace
-    for step, dtype in (("mma_f16", "float16"), ("mma_3xtf32", "float32")):
+    checked = () if "--chain-timing-only" in RUN_FLAGS else (("mma_f16", "float16"), ("mma_3xtf32", "float32"))
+    for step, dtype in [(s, d) for s, d in checked if CHAIN["steps"] is None or s in CHAIN["steps"]]:
         for name, (B, H, Hk, Nq, Nk, D, Dv, options, splits) in CASES.items():
+            if CHAIN["cases"] is not None and name not in CHAIN["cases"]:
+                continue
             q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, dtype)
             opts = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
             kind = tc.kind_of(step, q.dtype)
@@ -324,6 +341,8 @@ def part_chain():
         q, k, v = problem(4, 16, 16, 4096, 4096, D, D, "float32", seed=1)
         for step, dtype, peer in (("mma_f16", "float16", "torch_sdpa_flash"),
                                   ("mma_3xtf32", "float32", "torch_sdpa_efficient")):
+            if CHAIN["timed"] is not None and f"{step}:{D}" not in CHAIN["timed"]:
+                continue
             x = tuple(a.astype(np.float16) if dtype == "float16" else a for a in (q, k, v))
             kind = tc.kind_of(step, x[0].dtype)
             steps = chain(kind, D)
@@ -369,7 +388,14 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--parts", nargs="+", default=[p for p in PARTS if p not in ("sanitize", "chain")],
                         choices=list(PARTS))
+    parser.add_argument("--chain-cases", nargs="+", default=None, choices=list(CASES),
+                        help="the chain part checks these cases only (default: every case)")
+    parser.add_argument("--chain-timed", nargs="+", default=None, metavar="STEP:D",
+                        help="the chain part times these (step, head dim) only, e.g. mma_3xtf32:64")
+    parser.add_argument("--chain-steps", nargs="+", default=None, choices=("mma_f16", "mma_3xtf32"),
+                        help="the chain part checks these steps only (default: both)")
     args = parser.parse_args()
+    CHAIN["cases"], CHAIN["timed"], CHAIN["steps"] = args.chain_cases, args.chain_timed, args.chain_steps
     import gpu_steps
     RUN = time.strftime("%Y%m%dT%H%M%S+0000", time.gmtime())
     ENV = gpu_steps.environment()

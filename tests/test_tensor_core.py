@@ -295,6 +295,50 @@ def test_a_wrong_ldmatrix_address_or_a_missing_swizzle_is_caught():
     assert (fragments(tc.k_rows, lambda r, w, rw: r * rw + w) != good).any()
 
 
+def k_swizzled(lane, j, kc, rw):
+    return tc.swizzle(*tc.k_rows(lane, j, kc), rw)
+
+
+def v_swizzled(lane, e, pc, rw):
+    return tc.swizzle(*tc.v_rows(lane, e, pc), rw)
+
+
+def v_word_swizzled(lane, reg, e, pc, rw):
+    n, w = mma.b_word(lane, reg)
+    return tc.swizzle(pc * 8 + tc.tf32_key(w), e * 8 + n, rw)
+
+
+@pytest.mark.parametrize("rw", [32, 64, 96, 128])
+def test_the_folded_addresses_are_the_swizzled_ones(rw):
+    """The kernel's folded ldmatrix / 3xTF32 addresses (rows of a multiple of 8 chunks) against swizzle of
+    the (row, word) they stand for, for every lane and every fragment of a 64-key tile."""
+    for lane in range(32):
+        for kc in range(rw // 8):
+            for j in range(0, 8, 2):
+                assert tc.k_address(lane, j, kc, rw) == k_swizzled(lane, j, kc, rw), (lane, j, kc)
+        for e in range(0, rw // 4, 2):              # halves: 2 rw dims, 8 a fragment
+            for pc in range(4):
+                assert tc.v_address(lane, e, pc, rw) == v_swizzled(lane, e, pc, rw), (lane, e, pc)
+        for e in range(rw // 8):                    # tf32: rw dims
+            for pc in range(8):
+                for reg in (0, 1):
+                    assert tc.v_word_address(lane, reg, e, pc, rw) == v_word_swizzled(lane, reg, e, pc, rw)
+
+
+def test_a_wrong_fold_is_caught():
+    """The test above fails on a fold that drops the lane's row from the XOR, on one that takes word w's key
+    to be w, and on the fold used for rows of fewer than 8 chunks (why the kernel tests KCH % 8)."""
+    def k_no_row(lane, j, kc, rw):
+        return (j * 8 + (lane >> 4) * 8 + (lane & 7)) * rw + (((2 * kc) ^ ((lane >> 3) & 1)) << 2)
+
+    def v_word_plain_key(lane, reg, e, pc, rw):
+        n, key = lane >> 2, (lane & 3) + 4 * reg
+        return (pc * 8 + key) * rw + (((2 * e) ^ ((n >> 2) ^ key)) << 2) + (n & 3)
+    assert any(k_no_row(lane, 0, 1, 64) != k_swizzled(lane, 0, 1, 64) for lane in range(32))
+    assert any(v_word_plain_key(lane, 1, 2, 3, 64) != v_word_swizzled(lane, 1, 2, 3, 64) for lane in range(32))
+    assert any(tc.k_address(lane, 0, 1, 16) != k_swizzled(lane, 0, 1, 16) for lane in range(32))
+
+
 def test_cp_async_tilings_are_checked_when_built():
     with pytest.raises(ValueError, match="needs ldmatrix"):
         tc.make_mma_kernel("f16", tc.MmaTiling(4, 64, stages=2), 64, 64)

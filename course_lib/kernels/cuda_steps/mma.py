@@ -29,8 +29,9 @@ enters P V without a move (FlashAttention-2's register reuse).
 
 Conversions and moves, also single instructions: ``pack_f16`` / ``pack_bf16``
 (two float32 to one word of halves, ``cvt.rn.f16x2.f32``), ``to_tf32``
-(``cvt.rna.tf32.f32``), ``word_of`` / ``float_of`` (reinterpret the bits),
-``prmt`` (pick two halves of two words).
+(``cvt.rna.tf32.f32``; ``round_tf32`` in integer arithmetic, for 3xTF32's split), ``word_of`` / ``float_of`` (reinterpret the bits),
+``prmt`` (pick two halves of two words), ``max_nan`` (``max.NaN.f32``: the online softmax's max,
+a NaN let through, in one instruction).
 
 Two more for feeding the fragments from shared memory (steps c and d of chapter 11):
 
@@ -144,6 +145,18 @@ if cuda is not None:
         return types.uint32(types.float32), codegen
 
     @intrinsic
+    def round_tf32(typingctx, w):
+        """A float32's word -> its tf32 rounded to nearest (ties away from zero), as ``to_tf32`` but in two
+        integer instructions (add half a tf32 unit in the last place, clear the 13 bits tf32 drops), where
+        ``cvt.rna.tf32.f32`` takes about six on sm_90.  The same for every finite float and infinity; a
+        NaN may come out as an infinity, so it serves 3xTF32's split alone (whose remainder, x - hi, is then
+        NaN and carries the NaN into the product), never a lone tf32 product."""
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _I32, list(args), "{ .reg .b32 t; add.u32 t, $1, 4096; and.b32 $0, t, -8192; }",
+                        "=r,r")
+        return types.uint32(types.uint32), codegen
+
+    @intrinsic
     def float_of(typingctx, w):
         """The float32 whose bits are the word ``w``."""
         def codegen(context, builder, sig, args):
@@ -171,13 +184,16 @@ if cuda is not None:
     high_halves = _prmt(0x7632)   # the same with the upper halves
 
     def _shared_address(context, builder, aryty, ary, index, indexty):
-        """The 32-bit shared-window address of word ``index`` of a 1-D shared array (Numba hands
-        shared arrays around as generic pointers: cvta.to.shared turns one back)."""
+        """The 32-bit shared-window address of word ``index`` of a 1-D shared array: the array's start
+        turned back into a shared address once (Numba hands shared arrays around as generic pointers;
+        ``cvta.to.shared``, an asm without side effects, so LLVM computes it once for every call), plus
+        4 index in 32-bit arithmetic, whose constant parts LLVM folds into the instruction's offset."""
         a = context.make_array(aryty)(context, builder, ary)
-        i = context.cast(builder, index, indexty, types.intp)
-        generic = builder.ptrtoint(builder.gep(a.data, [i]), ir.IntType(64))
-        return _asm(builder, _I32, [generic], "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }",
+        generic = builder.ptrtoint(a.data, ir.IntType(64))
+        base = _asm(builder, _I32, [generic], "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }",
                     "=r,l")
+        i = builder.trunc(context.cast(builder, index, indexty, types.intp), _I32)
+        return builder.add(base, builder.shl(i, ir.Constant(_I32, 2)))
 
     def _ldmatrix(trans):
         text = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +
@@ -200,21 +216,29 @@ if cuda is not None:
     ldmatrix_x4_trans = _ldmatrix(True)
 
     @intrinsic
-    def cp_async16(typingctx, tile, index, src, i0, i1, i2, i3, nbytes):
-        """16 bytes from ``src[i0, i1, i2, i3:i3 + 4]`` (words) to ``tile[index:index + 4]``, asynchronously;
-        only the first ``nbytes`` are read, the rest of the 16 are zeros."""
+    def cp_async16(typingctx, tile, index, src, word, nbytes):
+        """16 bytes from word ``word`` of ``src`` (a C-contiguous array, its words counted flat: one head's
+        (keys, words) rows) to ``tile[index:index + 4]``, asynchronously; only the first ``nbytes`` are
+        read, the rest of the 16 are zeros.  ``word`` in 32 bits: one head's K or V is far below 2**31 words."""
         def codegen(context, builder, sig, args):
-            from numba.cuda import cgutils
             dst = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
             s = context.make_array(sig.args[2])(context, builder, args[2])
-            inds = [context.cast(builder, a, t, types.intp) for a, t in zip(args[3:7], sig.args[3:7])]
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[2], s, inds)
-            size = context.cast(builder, args[7], sig.args[7], types.uint32)
+            w = builder.trunc(context.cast(builder, args[3], sig.args[3], types.intp), _I32)
+            ptr = builder.gep(s.data, [builder.sext(w, ir.IntType(64))])
+            size = context.cast(builder, args[4], sig.args[4], types.uint32)
             text = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.cg.shared.global [$0], [g], 16, $2; }"
             _asm(builder, ir.VoidType(), [dst, builder.ptrtoint(ptr, ir.IntType(64)), size], text,
                  "r,l,r,~{memory}", side_effect=True)
             return context.get_dummy_value()
-        return types.void(tile, index, src, i0, i1, i2, i3, nbytes), codegen
+        return types.void(tile, index, src, word, nbytes), codegen
+
+    @intrinsic
+    def max_nan(typingctx, a, b):
+        """max(a, b) with a NaN from either side let through, as ``rules.max_nan``: one ``max.NaN.f32``
+        (sm_80 on), where the rule written in Python compiles to a compare and two selects."""
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _F32, list(args), "max.NaN.f32 $0, $1, $2;", "=f,f,f")
+        return types.float32(types.float32, types.float32), codegen
 
     def _bare(text):
         @intrinsic

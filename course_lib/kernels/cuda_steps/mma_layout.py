@@ -162,6 +162,34 @@ def v_rows(lane, e, pc):
     return pc * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 4 * (e + (lane >> 4))
 
 
+def k_address(lane, j, kc, rw):
+    """``swizzle(*k_rows(lane, j, kc), rw)`` for rows of a multiple of 8 chunks, written so that the compiler
+    sees its parts: row & 7 is lane & 7 (key tiles start at multiples of 8), and chunk 2 kc + h (h = lane's
+    word half, 0 or 1) is 2 kc XOR h, so the swizzled chunk is 2 kc XOR (h XOR lane & 7): a lane's constant
+    XORed with the call's constant, plus a constant offset j 8 rw.  One instruction an ldmatrix, where the
+    swizzle computed from (row, word) takes six (tests/test_tensor_core.py checks that both agree)."""
+    y = ((lane >> 3) & 1) ^ (lane & 7)
+    return (j * 8 + (lane >> 4) * 8 + (lane & 7)) * rw + (((2 * kc) ^ y) << 2)
+
+
+def v_address(lane, e, pc, rw):
+    """``swizzle(*v_rows(lane, e, pc), rw)`` for rows of a multiple of 8 chunks, the same way: the chunk is
+    e + lane // 16 with e even, e XOR (lane // 16), so swizzled e XOR (lane // 16 XOR lane & 7)."""
+    y = (lane >> 4) ^ (lane & 7)
+    return (pc * 16 + 8 * ((lane >> 3) & 1) + (lane & 7)) * rw + ((e ^ y) << 2)
+
+
+def v_word_address(lane, reg, e, pc, rw):
+    """Where 3xTF32's P V reads B word ``reg`` of ``lane`` for O's dim tile e at P's 8-key chunk pc: the
+    swizzled V tile's word (key pc 8 + tf32_key(w), dim e 8 + n) for (n, w) = ``mma.b_word(lane, reg)``, rows
+    of a multiple of 8 chunks.  Folded as ``k_address``: the row's low bits are the key (< 8), the chunk
+    2 e + n // 4 is 2 e XOR n // 4, so the swizzled chunk is 2 e XOR (n // 4 XOR key).  b_word's (n, w) is
+    (lane // 4, lane % 4 + 4 reg), whose key is 2 (lane % 4) + reg: spelled out, so that the device function
+    calls nothing (numba's type inference did not finish on the kernel with the two calls inlined)."""
+    n, key = lane >> 2, 2 * (lane & 3) + reg
+    return (pc * 8 + key) * rw + (((2 * e) ^ ((n >> 2) ^ key)) << 2) + (n & 3)
+
+
 def words(x, kind):
     """An input as the kernel reads it: its last dim zero-padded to the fragments' multiple, C-contiguous,
     its bits as 32-bit words (two halves, or one float32, a word).  No copy when nothing is padded."""

@@ -59,8 +59,9 @@ from ...core.reference import nan_lse_where_out_is_nan
 from .. import launch as host
 from .device import on_gpu
 from .mma_layout import (DECODE_ROWS, HALF_A, INPUT_DTYPE, KINDS, RUN_CHAIN, STEPS, TF32_A, TUNED,  # noqa: F401
-                         TUNED_STAGED, MmaTiling, decode_tiling, default_tiling, k_rows, kind_of, padded,
-                         shared_bytes, staged_tiling, swizzle, tf32_key, v_rows, words)   # the layout (re-exported)
+                         TUNED_STAGED, MmaTiling, decode_tiling, default_tiling, k_address, k_rows, kind_of,
+                         padded, shared_bytes, staged_tiling, swizzle, tf32_key, v_address, v_rows,
+                         v_word_address, words)   # the layout (re-exported)
 from .run import Plan, kernel_args
 from .run import launcher as run_launcher
 from .tiling import MAX_SHARED, STATIC_SHARED
@@ -68,7 +69,7 @@ from .tuning import decode_splits as _decode_splits
 
 if numba is not None:
     from . import mma
-    from .device import alibi_distance, finalize, max_nan, rescale_exp2, shift_of, softcap, visible
+    from .device import alibi_distance, finalize, rescale_exp2, shift_of, softcap, visible
 
 def available() -> bool:
     """Inline PTX needs a real GPU (sm_80 or newer for these mma shapes)."""
@@ -149,15 +150,16 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
     ALL = 0xFFFFFFFF
     a_word, b_word, c_elem = mma.a_word_gpu, mma.b_word_gpu, mma.c_elem_gpu
     key_of = cuda.jit(device=True)(tf32_key)
-    swz, k_row, v_row = (cuda.jit(device=True)(f) for f in (swizzle, k_rows, v_rows))
-    to_tf32, float_of = mma.to_tf32, mma.float_of
+    swz, k_row, v_row, k_addr, v_addr, vw_addr = (cuda.jit(device=True)(f) for f in (
+        swizzle, k_rows, v_rows, k_address, v_address, v_word_address))
+    K_FOLDED, V_FOLDED = KCH % 8 == 0, VCH % 8 == 0     # rows of whole 128-byte lines: the folded addresses
+    to_tf32, float_of, max_nan = mma.to_tf32, mma.float_of, mma.max_nan
 
     @cuda.jit(device=True, inline=True)
     def split(w):
-        """A float32 (its word) -> (hi, lo): hi its tf32, lo the tf32 of what hi leaves out."""
-        x = float_of(w)
-        hi = to_tf32(x)
-        return hi, to_tf32(x - float_of(hi))
+        """A float32 (its word) -> (hi, lo): hi its tf32, lo the tf32 of what hi leaves out (exactly x - hi)."""
+        hi = mma.round_tf32(w)
+        return hi, mma.round_tf32(mma.word_of(float_of(w) - float_of(hi)))
 
     @cuda.jit(device=True, inline=True)
     def product(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -249,30 +251,35 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
                 vs[2 * w + 1, x // VW] = mma.high_halves(vw[u, 0], vw[u, 1])
 
     @cuda.jit(device=True, forceinline=True)
-    def copy_rows(src, tile, base, rw, chunks, per_thread, b, kh, c0, Nk, t):
-        """Thread t's 16-byte chunks of Bc rows of ``src`` (``rw`` words, ``chunks`` chunks a row) at key c0,
-        by cp.async, into ``tile`` at word ``base`` (swizzled); rows past Nk zero-filled (0 bytes read: the
-        address is clamped to a real row)."""
+    def copy_rows(src, tile, base, rw, chunks, per_thread, c0, Nk, t):
+        """Thread t's 16-byte chunks of Bc rows of one head's ``src`` (``rw`` words, ``chunks`` chunks a row)
+        at key c0, by cp.async, into ``tile`` at word ``base`` (swizzled); rows past Nk zero-filled (0 bytes
+        read: the address is clamped to a real row).  When the threads cover the tile evenly, no test."""
         for u in range(per_thread):
             x = t + u * NTH
-            if x < Bc * chunks:
+            if (Bc * chunks) % NTH == 0 or x < Bc * chunks:
                 row, w = x // chunks, 4 * (x % chunks)
-                mma.cp_async16(tile, base + swz(row, w, rw), src, b, kh, min(c0 + row, Nk - 1), w,
+                mma.cp_async16(tile, base + swz(row, w, rw), src, min(c0 + row, Nk - 1) * rw + w,
                                16 if c0 + row < Nk else 0)
 
     @cuda.jit(device=True, forceinline=True)
-    def copy(k, v, b, kh, c0, Nk, t, ks, vs, kb, vb):
-        """The K and V tiles at key c0, by cp.async, into the tiles at words kb and vb."""
-        copy_rows(k, ks, kb, DW, KCH, NKC, b, kh, c0, Nk, t)
-        copy_rows(v, vs, vb, VW, VCH, NVC, b, kh, c0, Nk, t)
+    def copy(kh_, vh_, c0, Nk, t, ks, vs, kb, vb):
+        """The K and V tiles at key c0 of one head (kh_, vh_: its (keys, words) rows), by cp.async, into the
+        tiles at words kb and vb."""
+        copy_rows(kh_, ks, kb, DW, KCH, NKC, c0, Nk, t)
+        copy_rows(vh_, vs, vb, VW, VCH, NVC, c0, Nk, t)
 
     @cuda.jit(device=True, forceinline=True)
     def s_step_ld(x, qf, ks, kb, s, lane):
         """S's fragments j and j + 1 += Q's chunk kc times K's (x = kc NT / 2 + j / 2): their four B words
         by one ldmatrix (k_rows)."""
         kc, j = x // (NT // 2), 2 * (x % (NT // 2))
-        row, w = k_row(lane, j, kc)
-        b0, b1, b2, b3 = mma.ldmatrix_x4(ks, kb + swz(row, w, DW))
+        if K_FOLDED:
+            at = k_addr(lane, j, kc, DW)
+        else:
+            row, w = k_row(lane, j, kc)
+            at = swz(row, w, DW)
+        b0, b1, b2, b3 = mma.ldmatrix_x4(ks, kb + at)
         s[j, 0], s[j, 1], s[j, 2], s[j, 3] = product(qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b0, b1,
                                                      s[j, 0], s[j, 1], s[j, 2], s[j, 3])
         s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3] = product(
@@ -303,8 +310,12 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
         """O's fragments e and e + 1 += P's chunk pc times V's (x = pc NE / 2 + e / 2), halves: the four B
         words by one transposed ldmatrix (v_rows)."""
         pc, e = x // (NE // 2), 2 * (x % (NE // 2))
-        row, w = v_row(lane, e, pc)
-        b0, b1, b2, b3 = mma.ldmatrix_x4_trans(vs, vb + swz(row, w, VW))
+        if V_FOLDED:
+            at = v_addr(lane, e, pc, VW)
+        else:
+            row, w = v_row(lane, e, pc)
+            at = swz(row, w, VW)
+        b0, b1, b2, b3 = mma.ldmatrix_x4_trans(vs, vb + at)
         a0, a1, a2, a3 = p_as_a(s, pc)
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
         o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3] = product(
@@ -329,7 +340,10 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
         n0, w0 = b_word(lane, 0)
         n1, w1 = b_word(lane, 1)
         a0, a1, a2, a3 = p_as_a(s, pc)
-        if TF32:   # B's word w is key tf32_key(w) of the chunk, as A's
+        if TF32 and LD and V_FOLDED:   # the same words, their swizzled addresses folded
+            b0 = vs[vb + vw_addr(lane, 0, e, pc, VW)]
+            b1 = vs[vb + vw_addr(lane, 1, e, pc, VW)]
+        elif TF32:   # B's word w is key tf32_key(w) of the chunk, as A's
             b0 = v_word(vs, vb, pc * 8 + key_of(w0), e * 8 + n0)
             b1 = v_word(vs, vb, pc * 8 + key_of(w1), e * 8 + n1)
         else:      # V transposed: a word holds two keys of one dim
@@ -393,8 +407,9 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
         per = (n_all + cuda.gridDim.z - 1) // cuda.gridDim.z
         first = split_ * per
         last = min(n_all, first + per)
+        k_head, v_head = k[b, kh], v[b, kh]    # this block's head: (keys, words) rows
         if ASYNC and first < last:    # the first tile's copies, in flight before the loop
-            copy(k, v, b, kh, visit[tr, first] * Bc, Nk, t, ks, vs, 0, 0)
+            copy(k_head, v_head, visit[tr, first] * Bc, Nk, t, ks, vs, 0, 0)
             mma.cp_async_commit()
         for n in range(first, last):
             tc = visit[tr, n]
@@ -402,7 +417,8 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
             stage = (n - first) & 1
             if ASYNC:
                 if n + 1 < last:   # the next tile's copies into the other stage, then wait for this tile's
-                    copy(k, v, b, kh, visit[tr, n + 1] * Bc, Nk, t, ks, vs, (1 - stage) * KTILE, (1 - stage) * VTILE)
+                    copy(k_head, v_head, visit[tr, n + 1] * Bc, Nk, t, ks, vs, (1 - stage) * KTILE,
+                         (1 - stage) * VTILE)
                     mma.cp_async_commit()
                     mma.cp_async_wait1()
                 else:
@@ -456,14 +472,18 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
             else:
                 s_product(qf, ks, s, lane)
 
-            # the rules, in log2 units; the mask only on the tiles that need one
+            # the rules, in log2 units; the mask only on the tiles that need one.  A tile with none of them
+            # leaves S unscaled: the scale (> 0) goes into the row max and the exponent's multiply-add
             edge = tiles[tr, tc] == rules.PARTIAL or c0 + Bc > Nk
-            if edge or alibi or cap > 0:
+            ruled = edge or alibi or cap > 0
+            plain = not ruled and scale > 0
+            ms = scale if plain else float32(1.0)       # what S is multiplied by on its way into exp2
+            if ruled:
                 for j in range(NT):
                     s[j, 0], s[j, 1], s[j, 2], s[j, 3] = rule(s[j, 0], s[j, 1], s[j, 2], s[j, 3], lane, row0,
                                                               c0 + j * 8, Nk, edge, scale, cap, alibi, slope,
                                                               offset, left, right)
-            else:
+            elif not plain:
                 for j in range(NT):
                     for r in range(4):
                         s[j, r] *= scale
@@ -475,7 +495,7 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
                     mx = max_nan(mx, max_nan(s[j, 2 * r], s[j, 2 * r + 1]))
                 mx = max_nan(mx, cuda.shfl_xor_sync(ALL, mx, 1))
                 mx = max_nan(mx, cuda.shfl_xor_sync(ALL, mx, 2))
-                m_new = max_nan(m[r], mx)
+                m_new = max_nan(m[r], mx * ms)
                 alpha = float32(rescale_exp2(m[r], m_new))
                 shift = float32(shift_of(m_new))
                 m[r] = m_new
@@ -485,7 +505,7 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
                     o[e, 2 * r + 1] *= alpha
                 for j in range(NT):
                     for c in range(2):
-                        p = rules.exp2(s[j, 2 * r + c] - shift)
+                        p = rules.exp2(s[j, 2 * r + c] * ms - shift)
                         l[r] += p
                         s[j, 2 * r + c] = p
 
