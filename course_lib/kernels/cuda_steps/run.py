@@ -159,8 +159,8 @@ def launcher(p: Plan, q, k, v, out, lse, part_out=None, part_lse=None):
     run = p.kernel[p.griddim, p.blockdim, 0, p.shared]
     if p.splits == 1:
         return lambda: run(*args)
-    rows = int(np.prod(p.out_shape[:3]))
-    fold = make_merge_kernel()[-(-rows // 128), 128]
+    elements = int(np.prod(p.out_shape))      # the merge takes a thread an output element
+    fold = make_merge_kernel()[-(-elements // 128), 128]
 
     def go_split():
         run(*args)
