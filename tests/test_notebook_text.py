@@ -197,3 +197,22 @@ def test_sdpas_efficient_fp32_kernel_is_called_tensor_core():
 def test_a_lecture_ends_by_pointing_to_its_exercise_set(path):
     last = [c for c in cells(path.stem) if c["cell_type"] == "markdown"][-1]["source"]
     assert f"`exercises/{path.name}`" in last
+
+
+# --- what nbval compares ----------------------------------------------------------------------
+
+def sanitized(text):
+    from nbval.plugin import get_sanitize_patterns
+    for regex, replace in get_sanitize_patterns((REPO / "tests" / "sanitize.cfg").read_text()):
+        text = re.sub(regex, replace, text)
+    return text
+
+
+def test_the_sanitizer_hides_only_lines_that_describe_the_machine():
+    """Lines that start "this CPU's ... :" (or machine's, process's) differ from machine to machine and are not
+    compared; a number in any other line is, even one a "this CPU" line would hide."""
+    assert sanitized("this CPU's caches per core: {'L1': '48 KiB'}\nD = 64\n") == "this CPU's caches per core: MACHINE\nD = 64\n"
+    assert sanitized("this process's OpenBLAS runs: Haswell kernels") == "this process's OpenBLAS runs: MACHINE"
+    for kept in ("an L2 of 1024 KiB: tiles (Br, Bc) at D = 64, 128: [(128, 256), (64, 256)]",
+                 "  this CPU's tiles: (64, 64)", "max diff below 1e-6: True", "relative gap 3.4e-07"):
+        assert sanitized(kept) == kept
