@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from course_lib import bench, checks  # noqa: E402
+from course_lib.bench.peers import peer_runs_on  # noqa: E402
 from course_lib.core import rules  # noqa: E402
 from course_lib.core.options import call_forward  # noqa: E402
 from course_lib.kernels.cuda_steps import tensor_core as tc  # noqa: E402
@@ -161,12 +162,6 @@ def peers(q, k, v, dtype, causal, names):
     return {n: calls[n] for n in names}
 
 
-PEER_RUNS_ON = {"torch_sdpa_flash": "FlashAttention-2, fp16/bf16 tensor cores",
-                "torch_sdpa_cudnn": "cuDNN, fp16/bf16 tensor cores",
-                "torch_sdpa_efficient": "CUTLASS, 3xTF32 tensor cores",
-                "torch_naive": "cuBLAS SIMT (TF32 off) + softmax, S in HBM"}
-
-
 TIME_HALVES = ("float16", "bfloat16")
 TIME_TF32 = (("mma_3xtf32", "mma.sync m16n8k8 tf32, 3 products"),
              ("mma_tf32", "mma.sync m16n8k8 tf32, 1 product (not float32-accurate)"))
@@ -187,7 +182,7 @@ def part_time(shapes=((4, 16, 4096, 4096, 64), (4, 16, 4096, 4096, 128))):
                 go = mma_call("mma_f16", qh, kh, vh, causal=causal)[0]
                 timed("gpu_mma_time", go, shape, dtype, causal, ("cuda_mma_f16", "mma.sync m16n8k16, fp32 accumulation"))
                 for n, fn in peers(q, k, v, dtype, causal, ["torch_sdpa_flash", "torch_sdpa_cudnn"]).items():
-                    timed("gpu_mma_time", fn, shape, dtype, causal, (n, PEER_RUNS_ON[n]))
+                    timed("gpu_mma_time", fn, shape, dtype, causal, (n, peer_runs_on(n, dtype)))
             for step, runs in TIME_TF32:
                 go = mma_call(step, q, k, v, causal=causal)[0]
                 timed("gpu_mma_time", go, shape, "float32", causal, (f"cuda_{step}", runs))
@@ -197,7 +192,7 @@ def part_time(shapes=((4, 16, 4096, 4096, 64), (4, 16, 4096, 4096, 128))):
             import torch
             torch.backends.cuda.matmul.allow_tf32 = False
             for n, fn in peers(q, k, v, "float32", causal, ["torch_sdpa_efficient", "torch_naive"]).items():
-                timed("gpu_mma_time", fn, shape, "float32", causal, (n, PEER_RUNS_ON[n]))
+                timed("gpu_mma_time", fn, shape, "float32", causal, (n, peer_runs_on(n, "float32")))
 
 
 def part_causal():
@@ -210,7 +205,7 @@ def part_causal():
             go = mma_call("mma_f16", qd, kd, vd, causal=causal)[0]
             timed("gpu_mma_causal", go, sh, "float16", causal, ("cuda_mma_f16", "mma.sync m16n8k16"))
             for n, fn in peers(qd, kd, vd, "float16", causal, ["torch_sdpa_flash"]).items():
-                timed("gpu_mma_causal", fn, sh, "float16", causal, (n, PEER_RUNS_ON[n]))
+                timed("gpu_mma_causal", fn, sh, "float16", causal, (n, peer_runs_on(n, "float16")))
 
 
 def part_decode():
@@ -226,7 +221,7 @@ def part_decode():
             timed("gpu_mma_decode", go, (B, H, 1, Nk, D), "float16", False, ("cuda_mma_f16", "mma.sync m16n8k16"),
                   {"splits": splits, "tiling_name": label, "tiling": tdict_of(tiling), "chosen": splits == chosen})
     for n, fn in peers(q, k, v, "float16", False, ["torch_sdpa_flash", "torch_sdpa_cudnn"]).items():
-        timed("gpu_mma_decode", fn, (B, H, 1, Nk, D), "float16", False, (n, PEER_RUNS_ON[n]))
+        timed("gpu_mma_decode", fn, (B, H, 1, Nk, D), "float16", False, (n, peer_runs_on(n, "float16")))
 
 
 def part_sanitize():
@@ -371,7 +366,7 @@ def part_chain():
             import torch
             torch.backends.cuda.matmul.allow_tf32 = False
             for n, fn in peers(q, k, v, dtype, False, [peer]).items():
-                timed("gpu_mma_chain", fn, shape, dtype, False, (n, PEER_RUNS_ON[n]))
+                timed("gpu_mma_chain", fn, shape, dtype, False, (n, peer_runs_on(n, dtype)))
             if best is not None:
                 TUNED_RUN[step, D] = best[1]
                 write({"benchmark": "gpu_mma_chain_tuned", "impl": f"cuda_{step}", "D": D,

@@ -236,6 +236,120 @@ def test_a_bucket_an_impl_cannot_take_is_recorded_with_why():
     assert rec["median_ms"] is None and rec["skipped"].startswith("not applicable")
 
 
+def _bucket(**change):
+    """A small bucket, prefill float32 unless told; ``benchrun.make_inputs`` gives its host arrays."""
+    return {**dict(kind="prefill", B=1, H=2, Nq=64, Nk=64, D=16, causal=False, dtype="float32"), **change}
+
+
+def _inputs(b):
+    return benchrun.make_inputs(b, np.random.default_rng(0), on_gpu=False)
+
+
+def test_the_tensor_core_steps_are_timed_on_a_gpu_only():
+    on_gpu = benchrun.impls_here(on_gpu=True, torch_here=True)
+    assert {"cuda_tuned", "cuda_mma_f16", "cuda_mma_3xtf32", *benchrun.TORCH_PEERS} <= set(on_gpu)
+    for torch_here in (False, True):
+        here = benchrun.impls_here(on_gpu=False, torch_here=torch_here)
+        assert "flash_numpy" in here and not [i for i in here if i.startswith("cuda_")]
+        assert ("torch_naive" in here) == torch_here
+
+
+@pytest.mark.parametrize("impl, dtype, why", [("cuda_mma_f16", "float32", "takes float16 or bfloat16"),
+                                              ("cuda_mma_3xtf32", "float16", "computes float32 inputs")])
+def test_a_tensor_core_step_refuses_a_dtype_it_does_not_take(monkeypatch, impl, dtype, why):
+    monkeypatch.setattr(cs.tensor_core, "available", lambda: True)   # the dtype decides, on a GPU too
+    b = _bucket(dtype=dtype)
+    with pytest.raises(benchrun.NotApplicable, match=why):
+        benchrun.callable_for(impl, b, _inputs(b), on_gpu=True)
+
+
+def test_a_tensor_core_step_without_a_gpu_says_it_is_not_available(monkeypatch):
+    monkeypatch.setattr(cs.tensor_core, "available", lambda: False)
+    b = _bucket(dtype="float16")
+    with pytest.raises(benchrun.NotApplicable, match="mma_f16 is not available here"):
+        benchrun.mma_call("mma_f16", b, _inputs(b))
+
+
+def test_a_decode_bucket_takes_decode_splits_choice_and_a_prefill_one_no_split(monkeypatch):
+    launched = []
+
+    def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):
+        launched.append((step, q.dtype.name, splits))
+        return (lambda: "launched"), None, None
+    monkeypatch.setattr(cs.tensor_core, "available", lambda: True)
+    monkeypatch.setattr(cs.tensor_core, "launcher", launcher)
+    for step, dtype in (("mma_f16", "float16"), ("mma_3xtf32", "float32")):
+        decode = _bucket(kind="decode", B=2, H=4, Nq=1, Nk=4096, D=64, dtype=dtype)
+        prefill = _bucket(Nq=1024, Nk=1024, D=64, dtype=dtype)
+        chosen = cs.tensor_core.decode_splits(step, dtype, 2, 4, 1, 4096, 64, 64)[0]
+        assert chosen > 1 and cs.tensor_core.decode_splits(step, dtype, 1, 2, 1024, 1024, 64, 64)[0] > 1
+        for b in (decode, prefill):     # the rule would split both: only decode may
+            assert benchrun.mma_call(step, b, _inputs(b))() == "launched"
+        assert launched[-2:] == [(step, dtype, chosen), (step, dtype, 1)]
+
+
+def test_every_record_says_what_its_impl_ran_on(tmp_path, monkeypatch):
+    for impl in benchrun.impls_here(on_gpu=True, torch_here=True):
+        for dtype in ("float32", "float16"):
+            assert benchrun.runs_on(impl, dtype, on_gpu=True), (impl, dtype)
+    assert benchrun.runs_on("cuda_mma_f16", "float16", True) == "mma.sync m16n8k16, fp32 accumulation"
+    assert benchrun.runs_on("cuda_mma_3xtf32", "float32", True) == "mma.sync m16n8k8 tf32, 3 products"
+    assert benchrun.runs_on("torch_sdpa_efficient", "float32", True) == "CUTLASS, 3xTF32 tensor cores"
+    assert "SIMT" in benchrun.runs_on("torch_naive", "float32", True)
+    assert benchrun.runs_on("torch_naive", "float32", False) == "CPU"
+    # a run here, where the tensor-core steps are refused (a dtype) or not available (no GPU): still records
+    monkeypatch.setattr(benchrun, "impls_here", lambda on_gpu, torch_here: ["flash_numpy", *benchrun.MMA_STEPS])
+    monkeypatch.setattr(cs.tensor_core, "available", lambda: False)
+    out = tmp_path / "b.jsonl"
+    benchrun.main(["--out", str(out), "--sizes", "32", "--head-dims", "16", "--no-decode", "--cpu-tokens", "32",
+                   "--repeats", "1", "--quiet", "--cpu", "--dtypes", "float32", "float16"])
+    records = {(r["impl"], r["dtype"], r["causal"]): r for r in bench.load_records(out)}
+    assert len(records) == 3 * 2 * 2 and all(r["runs_on"] == benchrun.RUNS_ON[r["impl"]] for r in records.values())
+    assert records["flash_numpy", "float16", True]["median_ms"] > 0
+    skipped = {(impl, dt): records[impl, dt, False]["skipped"] for impl, dt, _ in records if impl != "flash_numpy"}
+    assert skipped["cuda_mma_f16", "float32"].startswith("not applicable: mma_f16 takes float16 or bfloat16")
+    assert skipped["cuda_mma_3xtf32", "float16"].startswith("not applicable: mma_3xtf32 computes float32")
+    assert "not available here" in skipped["cuda_mma_f16", "float16"]
+    assert "not available here" in skipped["cuda_mma_3xtf32", "float32"]
+
+
+def test_both_cuda_calls_take_their_options_from_validated(monkeypatch):
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def validated(arrays, causal):
+        seen.append(([x.shape for x in arrays], causal))
+        raise Seen
+    monkeypatch.setattr(benchrun, "validated", validated)
+    monkeypatch.setattr(cs.tensor_core, "available", lambda: True)
+    b = _bucket(causal=True)
+    for call in (lambda: benchrun.cuda_call(b, _inputs(b)), lambda: benchrun.mma_call("mma_3xtf32", b, _inputs(b))):
+        with pytest.raises(Seen):
+            call()
+    assert seen == [([(1, 2, 64, 16)] * 3, True)] * 2
+
+
+def test_validated_gives_call_forwards_options_and_checks():
+    b = _bucket(causal=True, Nq=8, Nk=32)
+    opts, mask = benchrun.validated(_inputs(b), causal=True)
+    assert opts.causal and opts.softmax_scale == pytest.approx(16 ** -0.5) and mask is not None
+    q, k, v = _inputs(b)
+    with pytest.raises(TypeError, match="one dtype"):
+        benchrun.validated((q, k, v.astype(np.float16)), causal=False)
+
+
+def test_the_report_reads_the_same_with_or_without_runs_on():
+    """runs_on is a field of the records, not a column: the committed tables (chapter 10's) read as before."""
+    plain = [_bench_rec("naive", 40.0), _bench_rec("flash_numpy", 20.0), _bench_rec("torch_naive", 10.0)]
+    plain.append(benchrun.skipped("cuda_mma_f16", _bucket(D=8), "r1", {}, "AMD EPYC", "end to end",
+                                  "not applicable: mma_f16 takes float16 or bfloat16 inputs"))
+    marked = [{**r, "runs_on": benchrun.runs_on(r["impl"], r["dtype"], on_gpu=False)} for r in plain]
+    table = benchrun.report(marked)
+    assert table == benchrun.report(plain) and "cuda_mma_f16" in table and "flash_numpy" in table
+
+
 def test_h200_records_hold_every_step_and_peer_in_one_run():
     """Every step is timed beside its peers in one run: the chapter's run, or for the steps that
     split tiled_prefetch -> tiled_vec4 into one change each (added after it), the chain's run,

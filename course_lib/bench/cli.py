@@ -18,12 +18,17 @@ causal or not, float32 and float16; H = 16 and B = tokens / N.  Impls:
   layer ``end to end``;
 - where torch is installed, its peers on the CPU (``torch_naive``,
   ``torch_sdpa_math`` ...), layer ``end to end`` (no copies: inputs live there);
-- on a CUDA GPU, ``cuda_tuned`` (chapter 10's kernel) and the peers
-  ``torch_naive``, ``torch_sdpa_efficient``, ``torch_sdpa_math`` (fp32),
-  ``torch_sdpa_flash``, ``torch_sdpa_cudnn`` (fp16), inputs on the device,
-  timed between CUDA events: layer ``kernel``.
+- on a CUDA GPU, ``cuda_tuned`` (chapter 10's SIMT kernel, fp32), chapter 11's
+  tensor-core steps ``cuda_mma_f16`` (fp16 in, fp32 accumulation) and
+  ``cuda_mma_3xtf32`` (fp32 as three tf32 products), and the peers
+  ``torch_naive``, ``torch_sdpa_efficient``, ``torch_sdpa_math``,
+  ``torch_sdpa_flash``, ``torch_sdpa_cudnn`` (the last two fp16), inputs on
+  the device, timed between CUDA events: layer ``kernel``.
 
-A bucket an impl cannot take (the course's CUDA kernel in fp16, SDPA flash in
+Every record says what its impl ran on (``runs_on``: ``RUNS_ON`` for the
+course's impls, ``peers.PEER_RUNS_ON`` for torch's on a GPU): a ratio of two
+times means something only beside the units each one used.  A bucket an impl
+cannot take (chapter 10's kernel in fp16, ``mma_f16`` in fp32, SDPA flash in
 fp32, a problem too large for the memory) is recorded with its reason and no
 time.  Records go to ``--out`` (JSON lines), one per measurement, all with one
 ``run_id``; ``--report`` prints the table of a file's latest run, with each
@@ -41,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.hardware import hardware, preset_for
-from .peers import PEER_DTYPES, TORCH_PEERS, gpu_here, torch_calls, torch_or_none
+from .peers import PEER_DTYPES, TORCH_PEERS, gpu_here, peer_runs_on, torch_calls, torch_or_none
 from .records import environment, latest_run, load_records, new_run, record
 from .timing import cuda_time_it, time_it
 
@@ -51,6 +56,12 @@ MATRIX_OUT = ROOT / "notebooks" / "records" / "matrix_cpu.jsonl"
 GPU_SIZES = (1024, 4096, 16384, 32768)
 CPU_SIZES = (256, 1024)
 CPU_IMPLS = ("naive", "flash_numpy", "flash_numba_cpu")
+CPU_PEERS = ("torch_naive", "torch_sdpa_math", "torch_sdpa_flash")
+MMA_STEPS = {"cuda_mma_f16": "mma_f16", "cuda_mma_3xtf32": "mma_3xtf32"}   # impl: its tensor_core step
+GPU_IMPLS = ("cuda_tuned", *MMA_STEPS)
+RUNS_ON = {**dict.fromkeys(CPU_IMPLS, "CPU"), "cuda_tuned": "SIMT fp32",
+           "cuda_mma_f16": "mma.sync m16n8k16, fp32 accumulation",
+           "cuda_mma_3xtf32": "mma.sync m16n8k8 tf32, 3 products"}
 
 
 def buckets(sizes, head_dims, *, causal=(False, True), dtypes=("float32", "float16"), decode=True,
@@ -71,6 +82,24 @@ def buckets(sizes, head_dims, *, causal=(False, True), dtypes=("float32", "float
     return out
 
 
+def impls_here(on_gpu, torch_here) -> list:
+    """The impls a run times on this machine: on a GPU the course's CUDA kernels and torch's peers, inputs on
+    the device; elsewhere the course's CPU impls registered here and, where torch is installed, its CPU peers."""
+    if on_gpu:
+        return [*GPU_IMPLS, *TORCH_PEERS]
+    from .. import api
+    impls = [i for i in CPU_IMPLS if i in api.available_impls()]
+    return impls + list(CPU_PEERS) if torch_here else impls
+
+
+def runs_on(impl, dtype, on_gpu) -> str:
+    """What did an impl's products: the course's impls say it in ``RUNS_ON``; a torch peer runs on the CPU,
+    or on a GPU on what ``PEER_RUNS_ON`` says for the dtype."""
+    if impl in RUNS_ON:
+        return RUNS_ON[impl]
+    return peer_runs_on(impl, dtype) if on_gpu else "CPU"
+
+
 class Timer:
     """Median seconds of fn(): CUDA events on a GPU (layer kernel), perf_counter on the CPU."""
 
@@ -87,7 +116,6 @@ def run(args) -> list:
     """Run every bucket over every impl that runs here; returns the records (also appended to args.out)."""
     from tqdm.auto import tqdm
 
-    from .. import api
     on_gpu = gpu_here() and not args.cpu
     torch = torch_or_none()
     if torch is not None:
@@ -106,12 +134,7 @@ def run(args) -> list:
     timer = Timer(args.repeats, args.warmup, on_gpu)
     device = env.get("gpu") if on_gpu else env.get("cpu")
     layer = "kernel" if on_gpu else "end to end"
-    if on_gpu:
-        impls = ["cuda_tuned", *TORCH_PEERS]
-    else:
-        impls = [i for i in CPU_IMPLS if i in api.available_impls()]
-        if torch is not None:
-            impls += ["torch_naive", "torch_sdpa_math", "torch_sdpa_flash"]
+    impls = impls_here(on_gpu, torch is not None)
     if args.impls:
         impls = [i for i in impls if i in args.impls]
     records = []
@@ -142,6 +165,7 @@ def run(args) -> list:
                         traceback.print_exc()
                     if torch is not None and on_gpu:
                         torch.cuda.empty_cache()
+                rec["runs_on"] = runs_on(impl, b["dtype"], on_gpu)
                 f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
                 f.flush()
                 records.append(rec)
@@ -196,10 +220,25 @@ def callable_for(impl, b, arrays, on_gpu):
         if b["dtype"] != "float32":
             raise NotApplicable("chapter 10's kernel computes in float32 only")
         return cuda_call(b, arrays)
+    if impl in MMA_STEPS:
+        return mma_call(MMA_STEPS[impl], b, arrays)
     from .. import api
     if impl == "naive" and b["Nq"] * b["Nk"] * b["B"] * b["H"] > 2 ** 28:
         raise NotApplicable("S would not fit in memory")
     return lambda: api.attention(q, k, v, impl=impl, causal=causal)
+
+
+def validated(arrays, causal):
+    """(opts, mask) as ``call_forward`` hands them to an impl: a kernel launched by hand gets the public API's
+    checks and defaults, and no copy of them."""
+    from ..core.options import call_forward
+    got = {}
+
+    def grab(q, k, v, opts, mask):
+        got.update(opts=opts, mask=mask)
+        return np.zeros(1), np.zeros(1)
+    call_forward(grab, *arrays, causal=causal)
+    return got["opts"], got["mask"]
 
 
 def cuda_call(b, arrays):
@@ -210,19 +249,12 @@ def cuda_call(b, arrays):
     from ..kernels import cuda_steps as cs
     q, k, v = arrays
     B, H, Nq, Nk, D = b["B"], b["H"], b["Nq"], b["Nk"], b["D"]
-    host = [np.empty(t.shape, np.float32) for t in (q, k, v)]
+    host = [np.empty(t.shape, np.float32) for t in (q, k, v)]   # the plan needs shapes only
     tiling = cs.DECODE_TILING if b["kind"] == "decode" else None
     splits = 1
     if b["kind"] == "decode":   # split-KV, as many splits as cs.decode_splits's rule asks for
         splits = cs.decode_splits(B * H, -(-Nk // tiling.Bc), tiling, D, D)[0]
-    got = {}
-
-    def grab(q_, k_, v_, opts, mask):
-        got["plan"] = cs.plan("tuned", q_, k_, v_, opts, mask, tiling=tiling, splits=splits)
-        return np.zeros(1), np.zeros(1)
-    from ..core.options import call_forward
-    call_forward(grab, *host, causal=b["causal"])
-    p = got["plan"]
+    p = cs.plan("tuned", *host, *validated(host, b["causal"]), tiling=tiling, splits=splits)
     from dataclasses import replace
     p = replace(p, args=tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in p.args))
     out = torch.empty((B, H, Nq, D), device="cuda")
@@ -230,6 +262,25 @@ def cuda_call(b, arrays):
     parts = (torch.empty((p.splits, B, H, Nq, D), device="cuda"), torch.empty((p.splits, B, H, Nq), device="cuda"))
     dev = [cuda.as_cuda_array(t) for t in (q, k, v, out, lse, *parts)]
     return cs.launcher(p, *dev)
+
+
+def mma_call(step, b, arrays):
+    """A tensor-core step of chapter 11 (``tensor_core``) on the bucket's inputs, split-KV at decode as
+    ``tensor_core.decode_splits`` chooses.  Its launcher converts and copies the inputs to the device once,
+    here: the timed call is the kernel (and split-KV's merge) alone."""
+    from ..kernels.cuda_steps import tensor_core as tc
+    try:
+        tc.kind_of(step, b["dtype"])
+    except TypeError as why:
+        raise NotApplicable(str(why)) from None
+    if not tc.available():
+        raise NotApplicable(f"{step} is not available here: inline PTX, it runs on a GPU's tensor cores only")
+    host = [x if isinstance(x, np.ndarray) else x.cpu().numpy() for x in arrays]   # torch's device tensors
+    B, H, Nq, Nk, D = b["B"], b["H"], b["Nq"], b["Nk"], b["D"]
+    splits = 1
+    if b["kind"] == "decode":   # split-KV, as many splits as the tensor-core launch's rule asks for
+        splits = tc.decode_splits(step, b["dtype"], B, H, Nq, Nk, D, D)[0]
+    return tc.launcher(step, *host, *validated(host, b["causal"]), splits=splits)[0]
 
 
 # -- the report ----------------------------------------------------------------------------------

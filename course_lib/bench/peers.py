@@ -7,6 +7,23 @@ from __future__ import annotations
 
 TORCH_PEERS = ("torch_naive", "torch_sdpa_efficient", "torch_sdpa_math", "torch_sdpa_flash", "torch_sdpa_cudnn")
 PEER_DTYPES = {"torch_sdpa_flash": ("float16",), "torch_sdpa_cudnn": ("float16",)}  # what a peer takes
+# What does a peer's products on a GPU, (for float32 inputs, for halves), TF32 off as the benchmarks set it: a
+# ratio to a course kernel means something only beside the units both ran on.  SDPA's efficient kernel takes
+# float32 on the tensor cores all the same, in 3xTF32; its math backend upcasts halves to float32 first.
+PEER_RUNS_ON = {
+    "torch_naive": ("cuBLAS SIMT (TF32 off) + softmax, S in HBM", "cuBLAS fp16/bf16 tensor cores + softmax, S in HBM"),
+    "torch_sdpa_efficient": ("CUTLASS, 3xTF32 tensor cores", "CUTLASS, fp16/bf16 tensor cores"),
+    "torch_sdpa_math": ("cuBLAS SIMT (TF32 off) + softmax, S in HBM",
+                        "upcast to fp32: cuBLAS SIMT (TF32 off) + softmax, S in HBM"),
+    "torch_sdpa_flash": ("FlashAttention-2, fp16/bf16 tensor cores",) * 2,
+    "torch_sdpa_cudnn": ("cuDNN, fp16/bf16 tensor cores",) * 2,
+}
+
+
+def peer_runs_on(peer, dtype) -> str:
+    """What ``peer`` runs on, on a GPU, for inputs of ``dtype`` (``PEER_RUNS_ON``)."""
+    single, halves = PEER_RUNS_ON[peer]
+    return single if str(dtype) == "float32" else halves
 
 
 def torch_or_none():
