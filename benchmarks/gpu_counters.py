@@ -18,6 +18,12 @@ n-th step (each step is one kernel at ``splits=1``).  Per step and shape it reco
 - warp stall reasons: the average number of warps stalled for each reason per
   issued instruction (ncu's ``smsp__average_warps_issue_stalled_*_per_issue_active``).
 
+``--mma`` profiles chapter 11's tensor-core kernels instead (``gpu_counters_mma``): each step of its
+chain (register-staged, ``ldmatrix``, ``cp.async``) and the tuned tiling, fp16 and 3xTF32, with the
+tensor pipe's active cycles and the ldmatrix / cp.async (LDGSTS) instructions and their conflicts added:
+
+    python benchmarks/gpu_counters.py --mma --out notebooks/records/gpu_counters.jsonl
+
 Metrics this ncu does not know are left out (and listed in the record), so one
 renamed counter does not lose the run.  ncu replays each kernel to collect its
 metrics, so its durations are not timings; gpu_steps.py's are.
@@ -30,6 +36,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -55,6 +63,47 @@ METRICS = (["smsp__inst_executed_op_shared_ld.sum",
             "sm__throughput.avg.pct_of_peak_sustained_elapsed",
             "gpu__time_duration.sum"]
            + [f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS])
+TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+LDSM_CONFLICTS = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum"
+MMA_METRICS = METRICS + [TENSOR_PIPE, "smsp__inst_executed_pipe_tensor_op_hmma.sum", "smsp__inst_executed_op_ldsm.sum",
+                         "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum", LDSM_CONFLICTS,
+                         "smsp__inst_executed_op_ldgsts.sum"]
+MMA_KINDS = (("mma_f16", "float16"), ("mma_3xtf32", "float32"))
+
+
+def mma_tilings(kind, D):
+    """(label, tiling) profiled at head dim D: chapter 11's chain, then the tuned tiling if it is another."""
+    import gpu_mma
+    from course_lib.kernels.cuda_steps import tensor_core as tc
+    steps = gpu_mma.chain(kind, D)
+    tuned = tc.default_tiling(kind, D, D)
+    return steps + ([("tuned", tuned)] if all(t != tuned for _, t in steps) else [])
+
+
+def mma_child(shapes):
+    """One call of every (step, tiling, shape) between profiler start / stop, after a compile and a warm-up."""
+    import torch
+    import torch.cuda.profiler as profiler
+    import gpu_mma
+    from course_lib.kernels.cuda_steps import tensor_core as tc
+    calls = []
+    for B, H, N, D in shapes:
+        q, k, v = gpu_mma.problem(B, H, H, N, N, D, D, "float32", seed=1)
+        for step, dtype in MMA_KINDS:
+            x = tuple(a.astype(np.float16) if dtype == "float16" else a for a in (q, k, v))
+            for label, tiling in mma_tilings(tc.kind_of(step, x[0].dtype), D):
+                fn = gpu_mma.mma_call(step, *x, tiling=tiling)[0]
+                fn()
+                fn()
+                calls.append(({"step": step, "chain_step": label, "dtype": dtype, "B": B, "H": H, "N": N, "D": D,
+                               "tiling": gpu_mma.tdict_of(tiling)}, fn))
+    torch.cuda.synchronize()
+    for info, fn in calls:
+        profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        profiler.stop()
+    print("CHILD-ORDER " + json.dumps([info for info, _ in calls], default=str))
 
 
 def child(shapes, steps, tuned):
@@ -83,11 +132,11 @@ def child(shapes, steps, tuned):
     print("CHILD-ORDER " + json.dumps([info for info, _ in calls], default=str))
 
 
-def known_metrics(ncu):
-    """The metrics of METRICS this ncu can collect (by base name, as --query-metrics lists them)."""
+def known_metrics(ncu, wanted=METRICS):
+    """The metrics of ``wanted`` this ncu can collect (by base name, as --query-metrics lists them)."""
     listed = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120).stdout
     names = {line.split()[0] for line in listed.splitlines() if line.strip()}
-    return [m for m in METRICS if m.split(".")[0] in names]
+    return [m for m in wanted if m.split(".")[0] in names]
 
 
 def main(argv=None):
@@ -98,19 +147,23 @@ def main(argv=None):
     parser.add_argument("--steps", nargs="+", default=None)
     parser.add_argument("--tuned", default=None)
     parser.add_argument("--ncu", default="ncu")
+    parser.add_argument("--mma", action="store_true", help="chapter 11's tensor-core kernels, not chapter 10's steps")
     args = parser.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes]
     from course_lib.kernels import cuda_steps as cs
     steps = args.steps or list(cs.STEPS)
     if args.child:
-        child(shapes, steps, args.tuned)
+        mma_child(shapes) if args.mma else child(shapes, steps, args.tuned)
         return
     import gpu_traffic
     import ncu
     from course_lib import bench
-    metrics = known_metrics(args.ncu)
-    missing = [m for m in METRICS if m not in metrics]
-    cmd = ncu.command(args.ncu, metrics, __file__, ["--child", "--shapes", *args.shapes, "--steps", *steps], args.tuned)
+    wanted = MMA_METRICS if args.mma else METRICS
+    metrics = known_metrics(args.ncu, wanted)
+    missing = [m for m in wanted if m not in metrics]
+    child_args = ["--child", "--mma", "--shapes", *args.shapes] if args.mma else \
+        ["--child", "--shapes", *args.shapes, "--steps", *steps]
+    cmd = ncu.command(args.ncu, metrics, __file__, child_args, None if args.mma else args.tuned)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=560, env=os.environ)
     order = next((json.loads(line[len("CHILD-ORDER "):]) for line in r.stdout.splitlines()
                   if line.startswith("CHILD-ORDER ")), [])
@@ -123,19 +176,29 @@ def main(argv=None):
     with open(args.out, "a", encoding="utf-8") as out:
         for info, row in zip(order, rows):
             counters = {m: v for m, v in row.items() if m != "kernel"}
-            rec = {"benchmark": "gpu_counters", "run_id": run, "run": run, "impl": f"cuda_{info['step']}",
-                   "Nq": info["N"], "Nk": info["N"], "dtype": "float32", "causal": False, "kernel": row["kernel"],
+            rec = {"benchmark": "gpu_counters_mma" if args.mma else "gpu_counters", "run_id": run, "run": run,
+                   "impl": f"cuda_{info['step']}", "Nq": info["N"], "Nk": info["N"], "dtype": "float32",
+                   "causal": False, "kernel": row["kernel"],
                    "counters": counters, "metrics_unknown_to_ncu": missing,
                    "ncu": "ncu --clock-control none, one call per step, counters of its one kernel",
                    **info, "environment": env}
             out.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+            top = sorted(((v, m) for m, v in counters.items() if "stalled" in m), reverse=True)[:2]
+            stalls = [(m.split("stalled_")[1].split("_per")[0], round(v, 2)) for v, m in top]
+            if args.mma:
+                print(f"{info['step']:11s} {info['chain_step']:9s} D={info['D']:3d} "
+                      f"tensor pipe {counters.get(TENSOR_PIPE, float('nan')):5.1f}% "
+                      f"ldsm conflicts {counters.get(LDSM_CONFLICTS, float('nan')):10.0f} "
+                      f"regs {counters.get('launch__registers_per_thread', 0):4.0f} "
+                      f"occ {counters.get('sm__warps_active.avg.pct_of_peak_sustained_active', 0):5.1f}% "
+                      f"stalls {stalls}", flush=True)
+                continue
             fma = counters.get("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum") or float("nan")
             ld = counters.get("smsp__inst_executed_op_shared_ld.sum", float("nan"))
-            top = sorted(((v, m) for m, v in counters.items() if "stalled" in m), reverse=True)[:2]
             print(f"{info['step']:15s} D={info['D']:3d} shared ld/FMA(thread) {32 * ld / fma:6.3f} "
                   f"conflicts {counters.get('l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum', 0):12.0f} "
                   f"occ {counters.get('sm__warps_active.avg.pct_of_peak_sustained_active', 0):5.1f}% "
-                  f"stalls {[(m.split('stalled_')[1].split('_per')[0], round(v, 2)) for v, m in top]}", flush=True)
+                  f"stalls {stalls}", flush=True)
     return 0
 
 
