@@ -80,10 +80,22 @@ def mma_tilings(kind, D):
     return steps + ([("tuned", tuned)] if all(t != tuned for _, t in steps) else [])
 
 
-def mma_child(shapes):
-    """One call of every (step, tiling, shape) between profiler start / stop, after a compile and a warm-up."""
+def profile(calls):
+    """Each (info, fn) of ``calls`` (compiled and warmed up) run once between profiler start / stop, so that the
+    n-th kernel ncu profiles is the n-th call; then the calls' order, for the parent to match them up."""
     import torch
     import torch.cuda.profiler as profiler
+    torch.cuda.synchronize()
+    for info, fn in calls:
+        profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        profiler.stop()
+    print("CHILD-ORDER " + json.dumps([info for info, _ in calls], default=str))
+
+
+def mma_child(shapes):
+    """One profiled call of every (step, tiling, shape), after a compile and a warm-up."""
     import gpu_mma
     from course_lib.kernels.cuda_steps import tensor_core as tc
     calls = []
@@ -97,18 +109,10 @@ def mma_child(shapes):
                 fn()
                 calls.append(({"step": step, "chain_step": label, "dtype": dtype, "B": B, "H": H, "N": N, "D": D,
                                "tiling": gpu_mma.tdict_of(tiling)}, fn))
-    torch.cuda.synchronize()
-    for info, fn in calls:
-        profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        profiler.stop()
-    print("CHILD-ORDER " + json.dumps([info for info, _ in calls], default=str))
+    profile(calls)
 
 
 def child(shapes, steps, tuned):
-    import torch
-    import torch.cuda.profiler as profiler
     import gpu_steps as gs
     from course_lib import bench
     from course_lib.kernels import cuda_steps as cs
@@ -123,13 +127,7 @@ def child(shapes, steps, tuned):
             fn()
             fn()
             calls.append(({"step": step, "B": B, "H": H, "N": N, "D": D, **gs.step_extra(p)}, fn))
-    torch.cuda.synchronize()
-    for info, fn in calls:
-        profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        profiler.stop()
-    print("CHILD-ORDER " + json.dumps([info for info, _ in calls], default=str))
+    profile(calls)
 
 
 def known_metrics(ncu, wanted=METRICS):

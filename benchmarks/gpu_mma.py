@@ -237,7 +237,7 @@ def part_sanitize():
                 log(f"sanitize {step} {label} {name}: ran")
 
 
-RUN_FLAGS = [f for f in ("--staged-only", "--chain-timing-only") if f in sys.argv]
+RUN_FLAGS = [f for f in ("--staged-only",) if f in sys.argv]
 for _f in RUN_FLAGS:
     sys.argv.remove(_f)
 TUNED_RUN = {}    # (step, D) -> the tiling the variants part measured fastest (this run's autotune)
@@ -309,12 +309,12 @@ def tdict_of(t):
             "stages": t.stages}
 
 
-CHAIN = {"cases": None, "timed": None, "steps": None}   # --chain-cases, --chain-timed, --chain-steps
+CHAIN = {"cases": None, "timed": None, "steps": None, "timing_only": False}   # main's --chain-* options
 
 
 def part_chain():
     from dataclasses import replace
-    checked = () if "--chain-timing-only" in RUN_FLAGS else (("mma_f16", "float16"), ("mma_3xtf32", "float32"))
+    checked = () if CHAIN["timing_only"] else (("mma_f16", "float16"), ("mma_3xtf32", "float32"))
     for step, dtype in [(s, d) for s, d in checked if CHAIN["steps"] is None or s in CHAIN["steps"]]:
         for name, (B, H, Hk, Nq, Nk, D, Dv, options, splits) in CASES.items():
             if CHAIN["cases"] is not None and name not in CHAIN["cases"]:
@@ -389,8 +389,10 @@ def main():
                         help="the chain part times these (step, head dim) only, e.g. mma_3xtf32:64")
     parser.add_argument("--chain-steps", nargs="+", default=None, choices=("mma_f16", "mma_3xtf32"),
                         help="the chain part checks these steps only (default: both)")
+    parser.add_argument("--chain-timing-only", action="store_true", help="the chain part checks nothing")
     args = parser.parse_args()
-    CHAIN["cases"], CHAIN["timed"], CHAIN["steps"] = args.chain_cases, args.chain_timed, args.chain_steps
+    CHAIN.update(cases=args.chain_cases, timed=args.chain_timed, steps=args.chain_steps,
+                 timing_only=args.chain_timing_only)
     import gpu_steps
     RUN = time.strftime("%Y%m%dT%H%M%S+0000", time.gmtime())
     ENV = gpu_steps.environment()
