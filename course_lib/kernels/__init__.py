@@ -156,6 +156,9 @@ BACKWARD_IMPLS = {
     "flash_numba_cuda": Impl("course_lib.kernels.backward_numba_cuda",
                              "CUDA, float32 SIMT: a thread per key row for dK, dV (GQA summed there), then per query row for dQ",
                              "attention_backward", cuda=True),
+    "cuda_mma_f16": Impl("course_lib.kernels.cuda_steps.tensor_core_backward",
+                         "CUDA, float16 / bfloat16 on the tensor cores: the same two kernels, each product an mma.sync",
+                         "attention_backward", cuda=True),
 }
 
 # Impls that compute attention for the learner; exercises may not call them.

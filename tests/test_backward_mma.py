@@ -1,0 +1,51 @@
+"""The tensor-core backward (backward impl ``cuda_mma_f16``) in numba's simulator, its mma.sync emulated by
+``mma_sim``: the emulated instruction against numpy, every case against the float64 gradient, and the
+planted mistakes caught (tests/backward_mma_sim.py, in a subprocess: the simulator must be chosen before
+numba is imported).  On a GPU the same checks run through benchmarks/gpu_backward.py --parts check_mma."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import course_lib
+from course_lib.kernels.cuda_steps import tensor_core_backward as tb
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": os.pathsep.join((str(HERE.parent), str(HERE)))}
+    result = subprocess.run([sys.executable, str(HERE / "backward_mma_sim.py")], capture_output=True, text=True,
+                            env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_the_emulated_mma_is_the_matrix_product(verdicts, kind):
+    assert verdicts[f"unit/mma_{kind}"] == "PASS", verdicts
+
+
+def test_every_case_matches_the_float64_gradient(verdicts):
+    cases = {k: v for k, v in verdicts.items() if "/" not in k}
+    assert len(cases) == 5 and all(v == "PASS" for v in cases.values()), cases
+
+
+@pytest.mark.parametrize("kind", ["gqa_not_summed", "mask_forgotten", "half_a_swapped"])
+def test_a_planted_mistake_fails_the_check(verdicts, kind):
+    assert verdicts[f"planted/{kind}"].startswith("FAIL"), verdicts
+
+
+def test_listed_only_where_a_gpu_or_the_simulator_runs_it():
+    listed = "cuda_mma_f16" in course_lib.available_backward_impls()
+    assert listed == tb.available()
+
+
+def test_the_tiles_fit_static_shared_memory_at_every_head_dim():
+    for D in (8, 40, 64, 96, 128, 256):
+        tiling = tb.default_tiling("f16", D, D)
+        assert tb.shared_bytes("f16", tiling, D, D) <= tb.STATIC_SHARED, (D, tiling)
