@@ -163,7 +163,7 @@ def test_the_tuned_tables_are_what_the_tuned_runs_chose():
               if r["benchmark"] == "gpu_mma_tuned"}
     assert staged == tc.TUNED_STAGED
     chained = {(kind_of_impl[r["impl"]], r["D"]): tiling_of(r["tiling"]) for r in records()
-               if r["benchmark"] == "gpu_mma_chain_tuned" and r["run"] == tc.RUN_CHAIN}
+               if r["benchmark"] == "gpu_mma_chain_tuned" and r["run"] == tc.RUN_TUNED.get((kind_of_impl[r["impl"]], r["D"]))}
     assert chained == tc.TUNED
 
 
@@ -175,8 +175,10 @@ def test_the_chain_was_checked_at_every_case_and_sanitized():
                                                       for s in ("ldmatrix", "cp_async")}
     assert all(r["verdict"] == "PASS" for r in chain)
     assert len({r["case"] for r in chain}) >= 11
-    later = [r for r in records() if r["benchmark"] == "gpu_mma_check" and r["run"] > tc.RUN_CHAIN]
+    later = [r for r in records() if r["benchmark"] == "gpu_mma_check" and r["run"] > max(tc.RUN_TUNED.values())]
     assert {r["impl"] for r in later} >= {"cuda_mma_f16", "cuda_mma_3xtf32"}
+    # the tuned tilings, once adopted as the defaults, were checked as defaults: every verdict PASS
+    assert all(r["verdict"] == "PASS" for r in later if r["impl"] in ("cuda_mma_f16", "cuda_mma_3xtf32"))
     sanitized = [r for r in records() if r["benchmark"] == "gpu_mma_sanitize" and "cp_async" in " ".join(r["launches"])]
     assert {r["tool"] for r in sanitized} == {"memcheck", "racecheck", "synccheck"}
 

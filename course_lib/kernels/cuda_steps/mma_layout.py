@@ -71,12 +71,16 @@ TUNED_STAGED = {("f16", 64): MmaTiling(4, 64, staged=True, prefetch=False),
                 ("tf32x3", 64): MmaTiling(8, 32, staged=True, prefetch=False),
                 ("tf32x3", 128): MmaTiling(8, 16, staged=True, prefetch=False)}
 
-# After (c) ldmatrix and (d) cp.async: the fastest of the sweep (benchmark gpu_mma_chain_tuned, run
-# RUN_CHAIN), each checked there at every awkward case.
+# After (c) ldmatrix and (d) cp.async: the chain's first run (RUN_CHAIN, the run chapter 11's chain table
+# prints, each step checked there at every awkward case), then the fastest of the cp.async sweep at each
+# (kind, D) (benchmark gpu_mma_chain_tuned of run RUN_TUNED[kind, D]: warps and tile width swept in one run
+# beside the peer), checked again as defaults in a later run (gpu_mma_check).
 RUN_CHAIN = "20261202T145416+0000"
-TUNED = {("f16", 64): MmaTiling(8, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
-         ("f16", 128): MmaTiling(8, 32, staged=True, prefetch=False, ldmatrix=True, stages=2),
-         ("tf32x3", 64): MmaTiling(8, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
+RUN_TUNED = {("f16", 64): "20261204T185057+0000", ("f16", 128): "20261204T191650+0000",
+             ("tf32x3", 64): "20261204T191650+0000", ("tf32x3", 128): "20261204T191650+0000"}
+TUNED = {("f16", 64): MmaTiling(4, 32, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("f16", 128): MmaTiling(8, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
+         ("tf32x3", 64): MmaTiling(4, 64, staged=True, prefetch=False, ldmatrix=True, stages=2),
          ("tf32x3", 128): MmaTiling(8, 32, staged=True, prefetch=False, ldmatrix=True, stages=2)}
 
 

@@ -58,7 +58,7 @@ from ...core.options import call_forward
 from ...core.reference import nan_lse_where_out_is_nan
 from .. import launch as host
 from .device import on_gpu
-from .mma_layout import (DECODE_ROWS, HALF_A, INPUT_DTYPE, KINDS, RUN_CHAIN, STEPS, TF32_A, TUNED,  # noqa: F401
+from .mma_layout import (DECODE_ROWS, HALF_A, INPUT_DTYPE, KINDS, RUN_CHAIN, RUN_TUNED, STEPS, TF32_A, TUNED,  # noqa: F401
                          TUNED_STAGED, MmaTiling, decode_tiling, default_tiling, k_address, k_rows, kind_of,
                          padded, shared_bytes, staged_tiling, swizzle, tf32_key, v_address, v_rows,
                          v_word_address, words)   # the layout (re-exported)
