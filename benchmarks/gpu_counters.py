@@ -22,7 +22,7 @@ n-th step (each step is one kernel at ``splits=1``).  Per step and shape it reco
 chain (register-staged, ``ldmatrix``, ``cp.async``) and the tuned tiling, fp16 and 3xTF32, with the
 tensor pipe's active cycles and the ldmatrix / cp.async (LDGSTS) instructions and their conflicts added:
 
-    python benchmarks/gpu_counters.py --mma --out notebooks/records/gpu_counters.jsonl
+    python benchmarks/gpu_counters.py --mma --out notebooks/records/gpu_counters_mma.jsonl
 
 Metrics this ncu does not know are left out (and listed in the record), so one
 renamed counter does not lose the run.  ncu replays each kernel to collect its
