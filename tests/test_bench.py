@@ -348,6 +348,9 @@ def test_the_report_reads_the_same_with_or_without_runs_on():
     marked = [{**r, "runs_on": benchrun.runs_on(r["impl"], r["dtype"], on_gpu=False)} for r in plain]
     table = benchrun.report(marked)
     assert table == benchrun.report(plain) and "cuda_mma_f16" in table and "flash_numpy" in table
+    labelled = benchrun.report(marked, runs_on=True)          # asked for, it is the last column of a timed row
+    assert labelled.splitlines()[1].endswith("ratio  runs on")
+    assert "flash_numpy                20.000     0.00   0.50  CPU" in labelled
 
 
 def test_h200_records_hold_every_step_and_peer_in_one_run():

@@ -285,8 +285,10 @@ def mma_call(step, b, arrays):
 
 # -- the report ----------------------------------------------------------------------------------
 
-def report(records, baseline=("torch_naive", "naive")) -> str:
-    """A table of one run: impl, bucket, median ms, TFLOP/s, ratio to the baseline of the same bucket."""
+def report(records, baseline=("torch_naive", "naive"), runs_on=False) -> str:
+    """A table of one run: impl, bucket, median ms, TFLOP/s, ratio to the baseline of the same bucket; with
+    ``runs_on``, a last column of what each impl ran on (the records' field: SIMT, which tensor-core
+    instruction or library), left out by default so that the tables committed without it read as before."""
     rows = [r for r in records if r.get("benchmark") == "bench"]
     if not rows:
         return "no bench records"
@@ -302,12 +304,12 @@ def report(records, baseline=("torch_naive", "naive")) -> str:
     lines = [f"run {run_id} on {first.get('device')} ({first.get('layer')} time; "
              f"ratio = {' or '.join(baseline)} (float32) time / this time, same run and shape)",
              f"{'bucket':8s} {'B':>3s} {'H':>3s} {'Nq':>6s} {'Nk':>6s} {'D':>4s} {'causal':>6s} {'dtype':8s} "
-             f"{'impl':22s} {'median ms':>10s} {'TFLOP/s':>8s} {'ratio':>6s}"]
+             f"{'impl':22s} {'median ms':>10s} {'TFLOP/s':>8s} {'ratio':>6s}" + ("  runs on" if runs_on else "")]
     for r in sorted(rows, key=lambda r: (*key(r), r["impl"])):
         b = base.get(key(r)[:5])
         if r.get("median_ms"):
             ratio = f"{b['median_ms'] / r['median_ms']:6.2f}" if b else "     -"
-            tail = f"{r['median_ms']:10.3f} {r['tflops']:8.2f} {ratio}"
+            tail = f"{r['median_ms']:10.3f} {r['tflops']:8.2f} {ratio}" + (f"  {r.get('runs_on', '-')}" if runs_on else "")
         else:
             tail = f"  {r.get('skipped', '')[:60]}"
         lines.append(f"{r['bucket']:8s} {r['B']:3d} {r['H']:3d} {r['Nq']:6d} {r['Nk']:6d} {r['D']:4d} "
@@ -391,7 +393,7 @@ def main(argv=None):
     args.out = args.out or str(DEFAULT_OUT)
     if args.report:
         records = load_records(args.report, benchmark="bench")
-        print(report(records))
+        print(report(records, runs_on=True))
         if args.plot:
             import matplotlib
             matplotlib.use("Agg")
@@ -404,7 +406,7 @@ def main(argv=None):
             cs.TUNED[r["D"]] = cs.Tiling(**r["tiling"])
     t0 = time.perf_counter()
     records = run(args)
-    print(report(records))
+    print(report(records, runs_on=True))
     print(f"{len(records)} records appended to {args.out} in {time.perf_counter() - t0:.0f} s")
     return 0
 
