@@ -20,7 +20,8 @@ n-th step (each step is one kernel at ``splits=1``).  Per step and shape it reco
 
 ``--mma`` profiles chapter 11's tensor-core kernels instead (``gpu_counters_mma``): each step of its
 chain (register-staged, ``ldmatrix``, ``cp.async``) and the tuned tiling, fp16 and 3xTF32, with the
-tensor pipe's active cycles and the ldmatrix / cp.async (LDGSTS) instructions and their conflicts added:
+tensor pipe's active cycles and the ldmatrix / cp.async (LDGSTS) instructions and their conflicts added
+(``ldsm_conflicts``: ncu's ldsm count, or all shared conflicts less the plain loads' and stores'):
 
     python benchmarks/gpu_counters.py --mma --out notebooks/records/gpu_counters_mma.jsonl
 
@@ -65,9 +66,25 @@ METRICS = (["smsp__inst_executed_op_shared_ld.sum",
            + [f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS])
 TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 LDSM_CONFLICTS = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum"
+# Every shared-memory access's wavefronts and conflicts, whatever its instruction: where an ncu has no
+# ldsm breakdown (the H100's of run 20261206T080617 had none), ldmatrix's share is these less op_ld's and op_st's.
+SHARED_CONFLICTS = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
 MMA_METRICS = METRICS + [TENSOR_PIPE, "smsp__inst_executed_pipe_tensor_op_hmma.sum", "smsp__inst_executed_op_ldsm.sum",
                          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum", LDSM_CONFLICTS,
+                         "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", SHARED_CONFLICTS,
                          "smsp__inst_executed_op_ldgsts.sum"]
+
+
+def ldsm_conflicts(counters):
+    """ldmatrix's bank conflicts: ncu's own count where it has one, else all shared conflicts less the plain
+    loads' and stores' (NaN where neither was measured)."""
+    if LDSM_CONFLICTS in counters:
+        return counters[LDSM_CONFLICTS]
+    parts = [SHARED_CONFLICTS, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+             "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"]
+    if not all(p in counters for p in parts):
+        return float("nan")
+    return counters[parts[0]] - counters[parts[1]] - counters[parts[2]]
 MMA_KINDS = (("mma_f16", "float16"), ("mma_3xtf32", "float32"))
 
 
@@ -186,7 +203,7 @@ def main(argv=None):
             if args.mma:
                 print(f"{info['step']:11s} {info['chain_step']:9s} D={info['D']:3d} "
                       f"tensor pipe {counters.get(TENSOR_PIPE, float('nan')):5.1f}% "
-                      f"ldsm conflicts {counters.get(LDSM_CONFLICTS, float('nan')):10.0f} "
+                      f"ldsm conflicts {ldsm_conflicts(counters):10.0f} "
                       f"regs {counters.get('launch__registers_per_thread', 0):4.0f} "
                       f"occ {counters.get('sm__warps_active.avg.pct_of_peak_sustained_active', 0):5.1f}% "
                       f"stalls {stalls}", flush=True)
