@@ -73,6 +73,7 @@ MMA_METRICS = METRICS + [TENSOR_PIPE, "smsp__inst_executed_pipe_tensor_op_hmma.s
                          "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum", LDSM_CONFLICTS,
                          "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", SHARED_CONFLICTS,
                          "smsp__inst_executed_op_ldgsts.sum"]
+MMA_KINDS = (("mma_f16", "float16"), ("mma_3xtf32", "float32"))
 
 
 def ldsm_conflicts(counters):
@@ -85,7 +86,6 @@ def ldsm_conflicts(counters):
     if not all(p in counters for p in parts):
         return float("nan")
     return counters[parts[0]] - counters[parts[1]] - counters[parts[2]]
-MMA_KINDS = (("mma_f16", "float16"), ("mma_3xtf32", "float32"))
 
 
 def mma_tilings(kind, D):

@@ -28,15 +28,26 @@ TUNED = {64: dict(Br=64, Bc=64, threads=128, tx=8, pad=4, prefetch=True, vec=Tru
          128: dict(Br=128, Bc=64, threads=256, tx=16, pad=4, prefetch=True, vec=True)}
 
 
+def off_the_gpu():
+    """Let numba compile for sm_90 on a machine without a GPU: device functions are compiled for the
+    current device's compute capability, and there is none here, so say 9.0."""
+    from types import SimpleNamespace
+    from numba.cuda import dispatcher
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
+
+
+def kernel_ptx(kernel, args):
+    """The PTX for sm_90 of a numba CUDA kernel called with ``args``, compiled with the kernel's own fastmath."""
+    import numba
+    from numba import cuda
+    sig = tuple(numba.typeof(a) for a in args)
+    return cuda.compile_ptx(kernel.py_func, sig, fastmath=kernel.targetoptions.get("fastmath", False), cc=(9, 0))[0]
+
+
 def dump(outdir):
     assert not os.environ.get("NUMBA_ENABLE_CUDASIM")
     import numpy as np
-    import numba
-    from numba import cuda
-    from numba.cuda import dispatcher
-    from types import SimpleNamespace
-    # device functions are compiled for the current device's cc: there is none here, so say sm_90
-    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
+    off_the_gpu()
     from course_lib.core.options import call_forward
     from course_lib.kernels import cuda_steps as cs
     print("cuda_steps from", cs.__file__)
@@ -55,9 +66,7 @@ def dump(outdir):
         return got["p"]
 
     def emit(name, kernel, args):
-        sig = tuple(numba.typeof(a) for a in args)
-        fastmath = kernel.targetoptions.get("fastmath", False)
-        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, fastmath=fastmath, cc=(9, 0))
+        ptx = kernel_ptx(kernel, args)
         (out / f"{name}.ptx").write_text(ptx)
         print(name, len(ptx.splitlines()), "lines", flush=True)
 

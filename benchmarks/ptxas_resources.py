@@ -21,7 +21,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -44,26 +43,18 @@ def ptxas(ptx, ptxas_bin, path):
             "shared_bytes": number(r"(\d+) bytes smem")}
 
 
-def compile_ptx(kernel, args):
-    import numba
-    from numba import cuda
-    sig = tuple(numba.typeof(a) for a in args)
-    return cuda.compile_ptx(kernel.py_func, sig, fastmath=kernel.targetoptions.get("fastmath", False), cc=(9, 0))[0]
-
-
 def forward_kernels():
     """(record fields, kernel, arguments) of every step of chapter 11's chain and its tuned tiling."""
     import gpu_mma
+    from gpu_counters import MMA_KINDS, mma_tilings
     from course_lib.core.options import call_forward
     from course_lib.kernels.cuda_steps import tensor_core as tc
     from course_lib.kernels.cuda_steps.mma_layout import words
-    for step, dtype in (("mma_f16", np.float16), ("mma_3xtf32", np.float32)):
+    for step, dtype in MMA_KINDS:       # the kernels chapter 11's counters profiled
         kind = tc.kind_of(step, dtype)
         for D in (64, 128):
             tuned = tc.default_tiling(kind, D, D)
-            steps = gpu_mma.chain(kind, D)
-            steps += [] if any(t == tuned for _, t in steps) else [("tuned", tuned)]
-            for label, tiling in steps:
+            for label, tiling in mma_tilings(kind, D):
                 q, k = np.zeros((1, 2, 64, D), dtype), np.zeros((1, 2, 64, D), dtype)
                 got = {}
 
@@ -113,9 +104,8 @@ def main(argv=None):
     parser.add_argument("--out", default=str(ROOT / "notebooks" / "records" / "ptxas_resources.jsonl"))
     parser.add_argument("--ptxas", default="/usr/local/cuda-13.0/bin/ptxas")
     args = parser.parse_args(argv)
-    from numba.cuda import dispatcher
-    # The mma helpers are compiled for the current device's compute capability: without a GPU, say sm_90.
-    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
+    from ptx_compare import kernel_ptx, off_the_gpu
+    off_the_gpu()
     from course_lib import bench
     version = subprocess.run([args.ptxas, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     run, env = bench.new_run(), bench.environment()
@@ -123,7 +113,7 @@ def main(argv=None):
     scratch.mkdir(exist_ok=True)
     with open(args.out, "a") as out:
         for fields, kernel, kargs in (*forward_kernels(), *backward_kernels()):
-            res = ptxas(compile_ptx(kernel, kargs), args.ptxas, scratch / "kernel.ptx")
+            res = ptxas(kernel_ptx(kernel, kargs), args.ptxas, scratch / "kernel.ptx")
             rec = {"benchmark": "ptxas_resources", "run": run, "run_id": run, **fields, **res,
                    "tool": f"ptxas -v -arch=sm_90, off the GPU ({version})", "environment": env}
             out.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
