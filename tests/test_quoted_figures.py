@@ -3,7 +3,8 @@
 The impl registry's speed column (course_lib/kernels/__init__.py) is recomputed here, row by
 row, from the run its letter names, and that run must be the newest that timed the row at the
 quoted shape; benchmarks/README.md's results section must be what benchmarks/results.py
-renders from the records now.
+renders from the records now; the README's syllabus counts the exercises in solutions/, and
+quotes no measurement of its own.
 """
 from __future__ import annotations
 
@@ -108,3 +109,30 @@ def test_the_results_hold_the_figures_the_chapters_are_built_on():
     row = next(line for line in section.splitlines() if line.startswith("| `cuda_tuned` | float32 | 30.6"))
     assert f"{rate['cuda_tuned'] / rate['torch_naive']:.2f}x /" in row
     assert f"{rate['cuda_tuned'] / rate['torch_sdpa_efficient']:.2f}x /" in row
+
+
+def _exercises():
+    """{set number: exercises} from the check cells of solutions/."""
+    counts = {}
+    for path in sorted((REPO / "solutions").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        exercises = {c["metadata"]["course"]["exercise"] for c in cells
+                     if "exercise" in c.get("metadata", {}).get("course", {})}
+        counts[int(path.name[:2])] = len(exercises)
+    return counts
+
+
+def test_the_readmes_syllabus_counts_the_exercises_in_solutions():
+    readme = (REPO / "README.md").read_text()
+    table = dict(re.findall(r"^\| (\d\d) \|.*\| (\d+|-) \|$", readme, re.M))
+    assert sorted(table) == [f"{n:02d}" for n in range(17)], table
+    counts = _exercises()
+    assert {int(k): int(v) for k, v in table.items() if v != "-"} == counts and table["00"] == "-"
+    total = re.search(r"(\d+) graded exercises in (\d+) sets", readme)
+    assert total and (int(total[1]), int(total[2])) == (sum(counts.values()), len(counts))
+
+
+def test_the_readme_quotes_no_measurement():
+    """Measured figures live in benchmarks/README.md, rendered from the records, not in the README."""
+    readme = (REPO / "README.md").read_text()
+    assert not re.findall(r"\b2026\d{4}T\d{6}|\b\d+(?:\.\d+)?x\b|TFLOP/s|TB/s", readme)
