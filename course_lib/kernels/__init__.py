@@ -6,55 +6,52 @@ validated dense inputs (see ``core.options``) and returning ``(out, lse)``:
 keyword arguments bound, and what that version changes.  Like llm.c's
 ``attention_forward.cu``, each version is a diff on the one before:
 
-=======================  ===================================================================  ===========
-impl                     what it changes                                                          TFLOP/s
-=======================  ===================================================================  ===========
-``reference``            float64 ``softmax(Q K^T) V``: the truth every impl is checked on
-``naive``                the same math in the input dtype (chapter 01)
-``flash_numpy``          tiles + online softmax, FA2 loop order: O stays on chip (ch. 05)
-``flash_numpy_fa1``      FA1's loop order: key tiles outside, O, l, m back to HBM each step
-``..._cpu_microkernel``  chapter 08: ``flash_numpy``'s loops compiled, a 4 x 2 micro-kernel
-``flash_numba_cpu_blas`` the two tile matmuls by ``np.dot`` inside njit (SciPy's BLAS)
-``..._cpu_rowvec``       a row's scores scaled, capped and masked with no branch per score
-``..._cpu_balanced``     work items by cost, heaviest and lightest in turn: even runs
-``..._cpu_tuned``        tiles sized by the L2; keys split across cores when items are few
-``..._cpu_exp2``         base 2: the row max vectorised, exp2 and its sum in one loop
-``..._cpu_wide``         PyTorch's tiles, 256 x 512: half as many BLAS calls, each longer
-``..._cpu_scratch``      tile buffers allocated once per thread, not once per work item
-``flash_numba_cpu``      items heaviest first, each thread taking the next from a shared counter
-``flash_numba_cuda``     chapter 09: one thread per query row, K / V tiles in shared memory
-``cuda_row``             chapter 10 starts from chapter 09's kernel, unchanged                 16.2 / 8.9
-``cuda_row_exp2``        base 2: log2(e) folded into the scale, ``exp2`` one ``ex2.approx``    16.6 / 9.0
-``cuda_tiled``           register micro-tiles: one shared load feeds RN (or RM) FMAs            6.4 / 5.3
-``cuda_tiled_unsigned``  unsigned shared indices: no wraparound test and add per access         7.5 / 7.0
-``cuda_tiled_padded``    shared rows padded by one float: no TX-way bank conflict             11.2 / 10.8
-``cuda_tiled_prefetch``  the next K / V tile loaded into registers during this one            13.6 / 10.5
-``cuda_tiled_rebuilt``   ``tiled_vec4``'s kernel on 64 x 32 tiles, switches off, no prefetch     24.8 / 10.6 *
-``cuda_tiled_shuffle``   row max and row sum by warp shuffles: one barrier a tile fewer        25.1 / 10.6 *
-``cuda_tiled_reorder``   grid: heads fastest, the last query tiles (longest rows) first        24.4 /  9.1 *
-``cuda_tiled_aligned``   the shared buffer declared 16-byte aligned                             24.4 /  9.1 *
-``cuda_tiled_vec4``      128 x 64 tiles over 256 threads (``tiled_aligned``: 64 x 32, 128)    25.6 / 13.9
-``cuda_tiled_staged``    every K / V load of a tile in flight at once, a tile ahead           30.4 / 33.6
-``cuda_tuned``           ``cuda_tiled_staged`` with tile sizes and threads autotuned per D    30.6 / 33.6
-``cuda_mma_f16``         fp16 / bf16 on the tensor cores (mma.sync inline PTX), P in registers 58.9 / 80.4 +
-``cuda_mma_tf32``        float32 as one TF32 product: fails float32's tolerance, on purpose    8.6 /  7.3 +
-``cuda_mma_3xtf32``      float32 as three TF32 products (hi hi + hi lo + lo hi): float32's     25.3 / 17.4 +
-=======================  ===================================================================  ===========
+========================  =======================================================================  ===============
+impl                      what it changes                                                                  TFLOP/s
+========================  =======================================================================  ===============
+``reference``             float64 ``softmax(Q K^T) V``: the truth every impl is checked on
+``naive``                 the same math in the input dtype (chapter 01)
+``flash_numpy``           tiles + online softmax, FA2 loop order: O stays on chip (ch. 05)
+``flash_numpy_fa1``       FA1's loop order: key tiles outside, O, l, m back to HBM each step
+``..._cpu_microkernel``   chapter 08: ``flash_numpy``'s loops compiled, a 4 x 2 micro-kernel
+``flash_numba_cpu_blas``  the two tile matmuls by ``np.dot`` inside njit (SciPy's BLAS)
+``..._cpu_rowvec``        a row's scores scaled, capped and masked with no branch per score
+``..._cpu_balanced``      work items by cost, heaviest and lightest in turn: even runs
+``..._cpu_tuned``         tiles sized by the L2; keys split across cores when items are few
+``..._cpu_exp2``          base 2: the row max vectorised, exp2 and its sum in one loop
+``..._cpu_wide``          PyTorch's tiles, 256 x 512: half as many BLAS calls, each longer
+``..._cpu_scratch``       tile buffers allocated once per thread, not once per work item
+``flash_numba_cpu``       items heaviest first, each thread taking the next from a shared counter
+``flash_numba_cuda``      chapter 09: one thread per query row, K / V tiles in shared memory
+``cuda_row``              chapter 10 starts from chapter 09's kernel, unchanged                       16.2 / 8.9 a
+``cuda_row_exp2``         base 2: log2(e) folded into the scale, ``exp2`` one ``ex2.approx``          16.6 / 9.0 a
+``cuda_tiled``            register micro-tiles: one shared load feeds RN (or RM) FMAs                  6.4 / 5.3 a
+``cuda_tiled_unsigned``   unsigned shared indices: no wraparound test and add per access               7.5 / 7.0 a
+``cuda_tiled_padded``     shared rows padded by one float: no TX-way bank conflict                   11.2 / 10.8 a
+``cuda_tiled_prefetch``   the next K / V tile loaded into registers during this one                  13.4 / 10.5 b
+``cuda_tiled_rebuilt``    ``tiled_vec4``'s kernel on 64 x 32 tiles, switches off, no prefetch        24.8 / 10.6 b
+``cuda_tiled_shuffle``    row max and row sum by warp shuffles: one barrier a tile fewer             25.1 / 10.6 b
+``cuda_tiled_reorder``    grid: heads fastest, the last query tiles (longest rows) first              24.4 / 9.1 b
+``cuda_tiled_aligned``    the shared buffer declared 16-byte aligned                                  24.4 / 9.1 b
+``cuda_tiled_vec4``       128 x 64 tiles over 256 threads (``tiled_aligned``: 64 x 32, 128)          24.9 / 13.7 b
+``cuda_tiled_staged``     every K / V load of a tile in flight at once, a tile ahead                 30.4 / 33.6 a
+``cuda_tuned``            ``cuda_tiled_staged`` with tile sizes and threads autotuned per D          30.4 / 33.5 d
+``cuda_mma_f16``          fp16 / bf16 on the tensor cores (mma.sync inline PTX), P in registers    181.6 / 229.4 d
+``cuda_mma_tf32``         float32 as one TF32 product: fails float32's tolerance, on purpose         42.1 / 44.1 c
+``cuda_mma_3xtf32``       float32 as three TF32 products (hi hi + hi lo + lo hi): float32's          37.0 / 31.2 d
+========================  =======================================================================  ===============
 
-TFLOP/s: D = 64 / D = 128, float32, B*H = 64, N = 4096, not causal, CUDA events
-around the kernel on an NVIDIA H200, one run (notebooks/records/gpu_steps.jsonl,
-run 20261201T142142+0000; in the same run naive torch fp32 22.6 / 31.8, SDPA
-efficient fp32 35.1 / 45.1); * the steps that split ``tiled_prefetch`` -> ``tiled_vec4`` into
-one change each, medians of 5 alternated rounds of their own run
-(notebooks/records/gpu_steps_chain.jsonl, where ``tiled_prefetch`` ran 13.4 / 10.5 and
-``tiled_vec4`` 24.9 / 13.7); + the tensor-core steps (chapter 11's GPU half,
-``cuda_steps.tensor_core``), notebooks/records/gpu_mma.jsonl: ``cuda_mma_f16`` in float16 and
-``cuda_mma_3xtf32`` tuned in run 20261202T063651+0000 (torch_sdpa_flash fp16 288.6 / 346.0,
-torch_sdpa_efficient fp32 34.7 / 45.8 in that run), ``cuda_mma_tf32`` untuned in run
-20261202T062533+0000.  They are inline PTX: a real GPU only, never a simulator (``gpu_only``).  ``cuda_tuned`` is 1.36x / 1.06x naive torch and
-0.87x / 0.74x SDPA efficient; causal at N = 8192 runs 1.98x / 1.99x faster than
-non-causal; decode split-KV (splits from ``cuda_steps.decode_splits``) 5.4x /
-4.7x faster than one block per row.  The CPU impls' times are in
+TFLOP/s: D = 64 / D = 128, B*H = 64, N = 4096, not causal, CUDA events around the kernel; float32,
+and float16 for ``cuda_mma_f16``.  Each figure is from the newest run that timed its row at that
+shape, named by its letter (a: notebooks/records/gpu_steps.jsonl, run 20261201T142142+0000, NVIDIA
+H200; b: notebooks/records/gpu_steps_chain.jsonl, run 20261202T010153+0000, NVIDIA H200 (the median
+of its alternated rounds); c: notebooks/records/gpu_mma.jsonl, run 20261202T151436+0000, NVIDIA
+H200; d: notebooks/records/gpu_mma.jsonl, run 20261206T074745+0000, NVIDIA H100 80GB HBM3).
+``python benchmarks/results.py`` writes this column from the records; the ratios to the peers of the
+same runs are in benchmarks/README.md.
+
+The tensor-core rows (chapter 11's GPU half, ``cuda_steps.tensor_core``) are inline PTX: a real
+GPU only, never a simulator (``gpu_only``).  The CPU impls' times are in
 notebooks/records/cpu_attention.jsonl and bench_cpu.jsonl.
 
 Where an impl runs.  ``cuda``: a CUDA kernel, float32 only; without a GPU a
