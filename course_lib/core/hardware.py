@@ -217,9 +217,11 @@ _add(_h100_like(
     _ds(50 * MiB, "B", f"{_HOPPER_WP}: 50 MB L2 cache; the H200 is the same GH100 die with HBM3e "
         "(its datasheet lists no L2 size)"),
     measured={
-        "bandwidth": Figure(3.8 * TERA, "B/s", f"{_GPU_MD}: device copy, read + write", MEASURED, "2026-11-30"),
-        "flops:float32": Figure(51 * TERA, "FLOP/s", f"{_GPU_MD}: cuBLAS fp32 sgemm, TF32 off (SIMT)",
-                                MEASURED, "2026-11-30"),
+        # run 20261207T183811+0000 of benchmarks/gpu_peaks.py (notebooks/records/gpu_peaks.jsonl)
+        "bandwidth": Figure(4.11 * TERA, "B/s", f"{_GPU_MD}: device copy of 1 GiB, read + write", MEASURED,
+                            "2026-12-07"),
+        "flops:float32": Figure(50.7 * TERA, "FLOP/s", f"{_GPU_MD}: cuBLAS fp32 sgemm 8192^3, TF32 off (SIMT)",
+                                MEASURED, "2026-12-07"),
     },
     note="The course's reference GPU. Same chip as the H100, more and faster HBM (HBM3e)."))
 _add(Hardware(

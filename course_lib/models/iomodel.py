@@ -330,11 +330,12 @@ def levels(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", hw="h100_sxm",
 
 MEASURED_NCU = [
     # PyTorch's FlashAttention-2 kernel (SDPA flash), fp16, B=2, H=16, D=128, non-causal, on the course's H200,
-    # measured with ncu --clock-control none on 2026-12-01: bytes to and from DRAM, and L2 traffic.
+    # one call after warm-up under ncu --clock-control none: bytes to and from DRAM, and L2 traffic (run
+    # 20261207T183811+0000 of benchmarks/gpu_peaks.py --ncu, notebooks/records/gpu_peaks.jsonl)
     dict(kernel="PyTorch SDPA flash (FA2), fp16", machine="h200", batch=2, heads=16, head_dim=128, seqlen=4096,
-         dram_bytes=132e6, l2_bytes=2.76e9, kind="measured", date="2026-12-01",
-         source="ncu --clock-control none on the course's H200"),
+         dram_bytes=136.3e6, l2_bytes=2.758e9, kind="measured", date="2026-12-07",
+         source="ncu --clock-control none on the course's H200, run 20261207T183811+0000"),
     dict(kernel="PyTorch SDPA flash (FA2), fp16", machine="h200", batch=2, heads=16, head_dim=128, seqlen=16384,
-         dram_bytes=654e6, l2_bytes=45e9, kind="measured", date="2026-12-01",
-         source="ncu --clock-control none on the course's H200"),
+         dram_bytes=659.5e6, l2_bytes=45.18e9, kind="measured", date="2026-12-07",
+         source="ncu --clock-control none on the course's H200, run 20261207T183811+0000"),
 ]

@@ -85,9 +85,16 @@ def attention_bounds(lv, hw, dtype="float16", *, source: str = "datasheet") -> d
 # Published and measured attention speeds, to set beside the model (never mixed with it).
 ATTENTION_SPEEDS = [
     dict(label="FlashAttention-3, fp16 forward, H100 SXM5 (published)", machine="h100_sxm", dtype="float16",
-         seqlen=8192, head_dim=128, tflops=740.0, kind=PAPER, date="",
-         source="Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608): up to about 740 TFLOP/s in FP16"),
-    dict(label="PyTorch SDPA cuDNN, fp16, H200 (measured 2026-11-30)", machine="h200", dtype="float16",
-         seqlen=8192, head_dim=128, batch=2, heads=16, tflops=658.0, kind=MEASURED, date="2026-11-30",
-         source="measured by the course's authors on an NVIDIA H200: torch 2.11, N=8192, D=128, B=2, H=16"),
+         seqlen=8192, head_dim=128, tflops=646.0, kind=PAPER, date="",
+         source="Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608), forward speed at head dim 128, not causal, "
+                "sequence length 8k (its 740 TFLOP/s peak is at head dim 256)"),
+    # run 20261207T183811+0000 of benchmarks/gpu_peaks.py (notebooks/records/gpu_peaks.jsonl)
+    dict(label="PyTorch SDPA cuDNN, fp16, H200 (measured 2026-12-07)", machine="h200", dtype="float16",
+         seqlen=8192, head_dim=128, batch=2, heads=16, tflops=604.8, kind=MEASURED, date="2026-12-07",
+         source="measured by the course's authors on an NVIDIA H200: torch 2.11, N=8192, D=128, B=2, H=16, "
+                "run 20261207T183811+0000"),
+    dict(label="PyTorch SDPA flash (FA2), fp16, H200 (measured 2026-12-07)", machine="h200", dtype="float16",
+         seqlen=8192, head_dim=128, batch=2, heads=16, tflops=347.3, kind=MEASURED, date="2026-12-07",
+         source="measured by the course's authors on an NVIDIA H200: torch 2.11, N=8192, D=128, B=2, H=16, "
+                "run 20261207T183811+0000"),
 ]
