@@ -219,6 +219,35 @@ def test_tile_for_sram_fills_m_with_four_tiles():
     assert tile == 256 and 4 * tile * 64 * 2 == 128 * 1024
 
 
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+def test_the_idealised_square_tile_does_not_fit_once_s_and_the_accumulators_count(d):
+    tile = iomodel.tile_for_sram(228 * 1024, d, "float16")
+    assert sram.tile_budget(tile, tile, d, "float16").total_bytes > 228 * 1024
+
+
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+@pytest.mark.parametrize("budget", [64 * 1024, 228 * 1024])
+def test_the_fitting_tile_fits_its_whole_budget_and_a_taller_one_does_not(d, budget):
+    block_q, block_k = iomodel.fitting_tile(budget, d, "float16")
+    assert block_k <= d and block_q >= block_k
+    assert sram.tile_budget(block_q, block_k, d, "float16").total_bytes <= budget
+    assert sram.tile_budget(block_q + 1, block_k, d, "float16").total_bytes > budget
+    if block_k < d:  # the key tile was halved only because a key tile twice as long left no taller query tile
+        bigger = iomodel.fitting_tile(10 * budget, d, "float16")
+        assert bigger[1] >= block_k
+
+
+def test_the_io_law_keeps_its_shape_with_tiles_that_fit():
+    fit = iomodel.fit_io_law(iomodel.io_law_points([4096, 8192, 16384], [64, 128], [64 * 1024, 128 * 1024,
+                                                                                    256 * 1024], "float16", "fa2",
+                                                   tiles="fitting"))
+    a, b, g = fit.exponents
+    assert a == pytest.approx(2, abs=0.05) and 1.7 < b < 2.0 and g == pytest.approx(-0.92, abs=0.05)
+    assert fit.c / 2 ** 2 == pytest.approx(12, rel=0.1) and fit.max_rel_error < 0.2
+    with pytest.raises(ValueError, match="tiles"):
+        iomodel.io_law_points([4096], [64], [65536], tiles="square")
+
+
 # -- the SRAM budget, and the kernel's chip held to it ----------------------------------
 
 @pytest.mark.parametrize("schedule", ["fa2", "fa1", "two_pass"])

@@ -187,8 +187,35 @@ def matmul_io(m: int, n: int, k: int, dtype="float32") -> Traffic:
 # -- the IO law: IO ~ c N^2 D^2 / M ----------------------------------------------------
 
 def tile_for_sram(sram_bytes: int, head_dim: int, dtype="float16") -> int:
-    """Rows B of square tiles such that the Q, K, V and O tiles (4 B D elements) fill ``sram_bytes``."""
+    """The paper's idealisation: rows B of square tiles if only the Q, K, V and O tiles (4 B D elements)
+    had to fit in ``sram_bytes``.  No tile this large fits a real budget: the B x B score tile and the
+    float32 accumulators need room too (``fitting_tile`` counts them); B = M / (4 D b) gives the law
+    its shape, not a tile a kernel can use."""
     return max(1, int(sram_bytes) // (4 * head_dim * rules.itemsize(dtype)))
+
+
+def fitting_tile(sram_bytes: int, head_dim: int, dtype="float16") -> tuple:
+    """(block_q, block_k): the tile FA2 can run with ``sram_bytes`` on chip for everything of one tile program.
+
+    Everything: the Q, K and V tiles, the score tile S / P, the row max and sum and the float32 output
+    accumulator, as ``sram.tile_budget`` counts them.  The key tile is short, as in the FlashAttention
+    paper (which takes B_r = min(M / 4d, d) for its inner tile): B_c = D, halved until a query tile at
+    least as tall fits; the query tile, whose height K and V's re-reads divide by, takes the rest.
+    """
+    d = int(head_dim)
+    block_k = d
+    while block_k >= 1:
+        lo, hi = 0, max(1, int(sram_bytes) // d)
+        while lo < hi:  # the tallest query tile whose whole budget fits
+            mid = (lo + hi + 1) // 2
+            if sram.tile_budget(mid, block_k, d, dtype).total_bytes <= sram_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo >= block_k:
+            return lo, block_k
+        block_k //= 2
+    raise ValueError(f"no tile of head dim {d} fits {sram_bytes} bytes")
 
 
 @dataclass(frozen=True)
@@ -201,15 +228,21 @@ class LawFit:
     points: list = field(repr=False, default_factory=list)
 
 
-def io_law_points(seqlens, head_dims, sram_sizes, dtype="float16", schedule="fa2") -> list:
-    """Modelled HBM bytes of ``schedule`` with tiles from ``tile_for_sram`` on a grid of N, D, M."""
+def io_law_points(seqlens, head_dims, sram_sizes, dtype="float16", schedule="fa2", tiles="idealised") -> list:
+    """Modelled HBM bytes of ``schedule`` on a grid of N, D, M, with the paper's idealised square tiles
+    (``tile_for_sram``) or, with ``tiles="fitting"``, tiles whose whole budget fits (``fitting_tile``)."""
+    if tiles not in ("idealised", "fitting"):
+        raise ValueError(f'tiles must be "idealised" or "fitting", got {tiles!r}')
     points = []
     for n in seqlens:
         for d in head_dims:
             for m in sram_sizes:
-                tile = tile_for_sram(m, d, dtype)
-                io = attention_io(schedule, n, n, d, dtype, block_q=tile, block_k=tile).bytes
-                points.append(dict(N=n, D=d, M=m, tile=tile, bytes=io))
+                if tiles == "idealised":
+                    block_q = block_k = tile_for_sram(m, d, dtype)
+                else:
+                    block_q, block_k = fitting_tile(m, d, dtype)
+                io = attention_io(schedule, n, n, d, dtype, block_q=block_q, block_k=block_k).bytes
+                points.append(dict(N=n, D=d, M=m, tile=block_q, block_k=block_k, bytes=io))
     return points
 
 
@@ -227,9 +260,10 @@ def fit_io_law(points) -> LawFit:
 
 
 def flash_intensity_for_budget(sram_bytes: int, head_dim: int, dtype="float16") -> float:
-    """FA2's intensity at large N when square tiles fill ``sram_bytes``: about M / (2 D b^2) FLOP per byte.
+    """FA2's intensity at large N with the paper's idealised square tiles: about M / (2 D b^2) FLOP per byte.
 
-    With B = M / (4 D b) rows per tile (``tile_for_sram``), K and V are read
+    With B = M / (4 D b) rows per tile (``tile_for_sram``, an idealisation: no such tile fits once
+    S and the accumulators are counted, and a tile that fits reaches several times less), K and V are read
     N / B times: 4 N^2 D FLOPs over 2 N D b N / B bytes, that is 2 B / b, or
     M / (2 D b) FLOP per element moved.  For a fixed on-chip budget the
     intensity falls as D grows: a larger head dim leaves room for fewer rows.

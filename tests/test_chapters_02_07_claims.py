@@ -1,0 +1,75 @@
+"""What chapters 02-07 say in prose, held to what the library and the records compute.
+
+Each test reads a lecture's markdown (or a stored output) and fails when a sentence states
+something the course's own model, record or the cited source contradicts.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from course_lib.models import iomodel, sram
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cells(chapter):
+    path = next((ROOT / "notebooks").glob(f"{chapter}_*.ipynb"))
+    return json.loads(path.read_text())["cells"]
+
+
+def markdown(chapter):
+    return " ".join("".join(c["source"]) for c in cells(chapter) if c["cell_type"] == "markdown").replace("\n", " ")
+
+
+def output_of(chapter, cell_id):
+    cell = next(c for c in cells(chapter) if c.get("id") == cell_id)
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+
+
+@pytest.mark.parametrize("chapter", ["02", "03"])
+def test_the_square_tile_m_over_4db_is_called_an_idealisation_never_a_tile_that_fits(chapter):
+    text = markdown(chapter)
+    assert "square tile that fits" not in text
+    assert "idealis" in text
+
+
+def test_chapter_02s_table_prints_tiles_that_fit_the_budget_it_names():
+    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+[\d.]+\s+(\d+) x (\d+)\s+([\d,]+)\s+([\d.]+)$",
+                      output_of("02", "2e638081"), re.M)
+    assert len(rows) == 4
+    for d, idealised, block_q, block_k, used, intensity in rows:
+        d, block_q, block_k = int(d), int(block_q), int(block_k)
+        assert (block_q, block_k) == iomodel.fitting_tile(228 * 1024, d, "float16")
+        assert int(used.replace(",", "")) == sram.tile_budget(block_q, block_k, d, "float16").total_bytes <= 228 * 1024
+        assert sram.tile_budget(int(idealised), int(idealised), d, "float16").total_bytes > 228 * 1024
+
+
+def test_chapter_02s_shrink_factor_is_the_models():
+    low, high = (float(x) for x in re.search(r"is ([\d.]+)-([\d.]+) times\s+shorter", markdown("02")).groups())
+    factors = [iomodel.tile_for_sram(228 * 1024, d, "float16") / iomodel.fitting_tile(228 * 1024, d, "float16")[0]
+               for d in (32, 64, 128, 256)]
+    assert round(min(factors), 1) == low and round(max(factors), 1) == high
+
+
+def test_chapter_06_says_the_window_rewrite_changes_outputs_when_nq_exceeds_nk():
+    text = markdown("06")
+    assert "None changes an output both define" not in text
+    assert "the window rule does" in text
+    assert "Nq=12, Nk=8: window (8, 8) -> FA2 passes on (-1, -1); same mask: False" in output_of("06", "ef132618")
+
+
+def test_chapter_03_scopes_fa2s_tile_to_sm80_sm90_and_calls_the_register_model_an_upper_bound():
+    text = markdown("03")
+    assert "sm80 / sm90" in text and "upper bound" in text
+    # the model rejects FA2's own D = 64 default (128 x 128, 4 warps), which runs: the chapter says so
+    assert not sram.occupancy(sram.tile_budget(128, 128, 64, "float16"), "h100_sxm", num_warps=4).fits
+    assert "rejects FA2's own $D = 64$ default" in text
+
+
+def test_chapter_03_quotes_the_fit_with_tiles_that_fit():
+    fit = iomodel.fit_io_law(iomodel.io_law_points([4096, 8192, 16384], [64, 128], [64 * 1024, 128 * 1024, 256 * 1024],
+                                                   "float16", "fa2", tiles="fitting"))
+    assert re.search(r"with a larger constant\s+\(about (\d+)\)", markdown("03")).group(1) == f"{fit.c / 4:.0f}"
+    assert 1.7 < fit.exponents[1] < 2.0  # "D's exponent a little under 2"
