@@ -73,3 +73,17 @@ def test_chapter_03_quotes_the_fit_with_tiles_that_fit():
                                                    "float16", "fa2", tiles="fitting"))
     assert re.search(r"with a larger constant\s+\(about (\d+)\)", markdown("03")).group(1) == f"{fit.c / 4:.0f}"
     assert 1.7 < fit.exponents[1] < 2.0  # "D's exponent a little under 2"
+
+
+def test_the_tile_size_explorer_draws_what_reaches_hbm_as_chapter_03_promises():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_lib.views import widgets
+
+    numbers = widgets.tile_size_numbers(64, 64, 64, "float16", "h100_sxm", 8192)
+    fig = widgets.tile_size_figure(64, 64, 64, "float16", "h100_sxm", 8192)
+    ax_io = fig.axes[1]
+    heights = [bar.get_height() for bar in ax_io.patches]
+    assert len(heights) == 3 and heights[2] == numbers.flash_levels.hbm_bytes / 2 ** 20
+    assert "what reaches HBM while K and V" in markdown("03")
