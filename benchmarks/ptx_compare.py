@@ -13,8 +13,8 @@ nvidia-cuda-nvrtc, installed into a scratch folder, never the course's .venv):
     LD_LIBRARY_PATH=... CUDA_HOME=... PYTHONPATH=. python benchmarks/ptx_compare.py dump /tmp/ptx_after
     python benchmarks/ptx_compare.py compare /tmp/ptx_before /tmp/ptx_after
 
-``dump`` uses only what both versions of cuda_steps offer: ``plan(step, q, k, v, opts, mask,
-tiling=, splits=)``, ``STEP_TILING``, ``Tiling``, ``DECODE_TILING`` and ``make_merge_kernel()``.
+``dump`` uses only these names of cuda_steps: ``plan(step, q, k, v, opts, mask, tiling=, splits=)``,
+``SIMT_STEPS``, ``STEP_TILING``, ``Tiling``, ``DECODE_TILING`` and ``make_merge_kernel()``.
 ``compare`` renames every mangled symbol (_Z...) and shared array (_cudapy_smem_<n>) to S<n> in order of first appearance, drops
 comments and blank lines, and diffs the instructions.
 """
@@ -80,7 +80,7 @@ def dump(outdir):
 
     only = set(sys.argv[3:])
     for D in (64, 128):
-        for step in cs.STEPS:
+        for step in cs.SIMT_STEPS:
             name = f"{step}_D{D}"
             if only and name not in only:
                 continue

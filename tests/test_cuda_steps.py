@@ -21,7 +21,7 @@ import pytest
 
 import course_lib
 from course_lib import kernels
-from course_lib.core import rules
+from course_lib.core import hardware, rules
 from course_lib.kernels import cuda_steps as cs
 from course_lib.kernels.cuda_steps import __main__ as cli
 
@@ -75,7 +75,7 @@ def test_one_step_checks_itself_from_the_command_line():
 
 def test_every_step_is_a_registered_cuda_impl_with_a_description():
     steps = {impl.options["step"]: name for name, impl in kernels.IMPLS.items() if impl.function == "forward"}
-    assert set(steps) == set(cs.STEPS) and all(steps[s] == f"cuda_{s}" for s in cs.STEPS)
+    assert set(steps) == set(cs.SIMT_STEPS) and all(steps[s] == f"cuda_{s}" for s in cs.SIMT_STEPS)
     for name in steps.values():
         impl = kernels.IMPLS[name]
         assert impl.cuda and impl.what and "\n" not in impl.what
@@ -83,8 +83,8 @@ def test_every_step_is_a_registered_cuda_impl_with_a_description():
 
 
 def test_steps_are_listed_only_where_a_gpu_or_simulator_runs():
-    listed = {s for s in cs.STEPS if f"cuda_{s}" in course_lib.available_impls()}
-    assert listed == (set(cs.STEPS) if cs.available() else set())
+    listed = {s for s in cs.SIMT_STEPS if f"cuda_{s}" in course_lib.available_impls()}
+    assert listed == (set(cs.SIMT_STEPS) if cs.available() else set())
     if not cs.available():
         with pytest.raises(ValueError, match="not available on this machine"):
             course_lib.attention(np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 4, 4), np.float32),
@@ -139,7 +139,7 @@ def test_vec_layout_keeps_rows_16_byte_aligned_conflict_free():
 def test_the_steps_to_tiled_vec4_change_one_thing_each():
     fields = ("Br", "Bc", "threads", "tx", "pad", "prefetch", "max_regs", "unsigned", "vec", "align", "shuffle",
               "last_first")
-    chain = cs.STEPS[cs.STEPS.index("tiled_rebuilt"):cs.STEPS.index("tiled_vec4") + 1]
+    chain = cs.SIMT_STEPS[cs.SIMT_STEPS.index("tiled_rebuilt"):cs.SIMT_STEPS.index("tiled_vec4") + 1]
     changed = [{f for f in fields if getattr(cs.STEP_TILING[a], f) != getattr(cs.STEP_TILING[b], f)}
                for a, b in zip(chain, chain[1:])]
     assert changed == [{"shuffle"}, {"last_first"}, {"align"}, {"Br", "Bc", "threads", "tx"}]
@@ -154,7 +154,7 @@ def test_the_steps_to_tiled_vec4_change_one_thing_each():
 
 def test_decode_splits_asks_for_two_full_waves_of_blocks():
     tiling = cs.DECODE_TILING
-    per_sm = cs.occupancy(40, tiling.shared_bytes(128, 128), tiling.threads)["blocks_per_sm"]
+    per_sm = hardware.occupancy("h200", 40, tiling.shared_bytes(128, 128), tiling.threads).blocks
     splits, why = cs.decode_splits(128, 1024, tiling, 128, 128, regs=40, sms=132)
     assert why["blocks_per_sm"] == per_sm and splits & (splits - 1) == 0
     assert 128 * splits >= 2 * 132 * per_sm > 128 * splits // 2     # the fewest that fill two waves
@@ -162,12 +162,14 @@ def test_decode_splits_asks_for_two_full_waves_of_blocks():
     assert cs.decode_splits(100000, 1024, tiling, 128, 128, sms=132)[0] == 1
 
 
-def test_occupancy_names_the_resource_that_limits_it():
+def test_the_records_occupancy_names_the_resource_that_limits_it():
+    def record(regs, shared, threads):
+        return hardware.occupancy("h200", regs, shared, threads).as_record()
     # 255 registers x 128 threads: 2 blocks of 4 warps fit in 64K registers
-    assert cs.occupancy(255, 1024, 128) == {"blocks_per_sm": 2, "warps_per_sm": 8, "occupancy": 0.125,
-                                            "limited_by": "registers"}
-    assert cs.occupancy(32, 100 * 1024, 128)["limited_by"] == "shared"
-    assert cs.occupancy(32, 0, 1024)["limited_by"] == "warps"
+    assert record(255, 1024, 128) == {"blocks_per_sm": 2, "warps_per_sm": 8, "occupancy": 0.125,
+                                      "limited_by": "registers"}
+    assert record(32, 100 * 1024, 128)["limited_by"] == "shared"
+    assert record(32, 0, 1024)["limited_by"] == "warps"     # 2 blocks by warps and by registers: warps first
 
 
 def test_the_autotuner_keeps_the_fastest_candidate_that_ran():

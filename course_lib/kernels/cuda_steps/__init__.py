@@ -17,17 +17,16 @@ registry's, ``course_lib.kernels``):
     merge.py          split-KV's merge of the partial (out, lse)
 
 and the host side: ``tiling`` (each step's compile-time shape), ``run`` (plan,
-launch, run), ``tuning`` (autotune, decode_splits, resources), ``occupancy``
-(what a block costs a Hopper multiprocessor), ``device`` (the rules compiled
-for the GPU, shared by every kernel).
+launch, run), ``tuning`` (autotune, decode_splits, resources), ``device`` (the
+rules compiled for the GPU, shared by every kernel).  What a block costs a
+multiprocessor is ``core.hardware.occupancy``.
 
 These kernels run on a GPU or in numba's simulator (``NUMBA_ENABLE_CUDASIM=1``);
 ``course_lib.cudacheck`` does not model dynamic shared memory.
 """
 from .device import on_gpu
 from .merge import make_merge_kernel
-from .occupancy import SMS, occupancy
-from .run import (FACTORY, SPLIT_KV_STEPS, STEPS, Plan, allow_shared, attention, available, forward, launcher,
+from .run import (FACTORY, SIMT_STEPS, SPLIT_KV_STEPS, Plan, allow_shared, attention, available, forward, launcher,
                   plan, tiling_for, visit_lists)
 from .tiled import make_tiled_kernel
 from .tiled_prefetch import make_prefetch_kernel
@@ -37,8 +36,8 @@ from .tiling import (CANDIDATES, DECODE_TILING, MAX_SHARED, SIM_TILING, STATIC_S
                      Tiling)
 from .tuning import DECODE_WAVES, autotune, decode_splits, resources
 
-__all__ = ["CANDIDATES", "DECODE_TILING", "DECODE_WAVES", "FACTORY", "MAX_SHARED", "Plan", "SIM_TILING", "SMS",
-           "SPLIT_KV_STEPS", "STATIC_SHARED", "STEPS", "STEP_TILING", "TUNED", "Tiling",
+__all__ = ["CANDIDATES", "DECODE_TILING", "DECODE_WAVES", "FACTORY", "MAX_SHARED", "Plan", "SIM_TILING",
+           "SIMT_STEPS", "SPLIT_KV_STEPS", "STATIC_SHARED", "STEP_TILING", "TUNED", "Tiling",
            "allow_shared", "attention", "autotune", "available", "decode_splits", "forward", "launcher",
            "make_merge_kernel", "make_prefetch_kernel", "make_staged_kernel", "make_tiled_kernel",
-           "make_vec4_kernel", "occupancy", "on_gpu", "plan", "resources", "tiling_for", "visit_lists"]
+           "make_vec4_kernel", "on_gpu", "plan", "resources", "tiling_for", "visit_lists"]

@@ -40,9 +40,9 @@ from .tiled_staged import make_staged_kernel
 from .tiled_vec4 import make_vec4_kernel
 from .tiling import SIM_TILING, STATIC_SHARED, STEP_TILING, TUNED, Tiling
 
-STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tiled_rebuilt",
+SIMT_STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tiled_rebuilt",
          "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4", "tiled_staged", "tuned")
-SPLIT_KV_STEPS = STEPS[2:]   # the micro-tiled steps: they take ``splits`` (row / row_exp2 are chapter 09's)
+SPLIT_KV_STEPS = SIMT_STEPS[2:]   # the micro-tiled steps: they take ``splits`` (row / row_exp2 are chapter 09's)
 # The micro-tiled kernel a Tiling runs: (vec, prefetch) -> its factory.
 FACTORY = {(False, False): make_tiled_kernel, (False, True): make_prefetch_kernel,
            (True, False): make_vec4_kernel, (True, True): make_staged_kernel}
@@ -108,8 +108,8 @@ def kernel_args(launch, splits):
 
 def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     """The kernel and launch of ``step`` for validated dense float32 inputs."""
-    if step not in STEPS:
-        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    if step not in SIMT_STEPS:
+        raise ValueError(f"step must be one of {SIMT_STEPS}, got {step!r}")
     if q.dtype != np.float32:
         raise TypeError(f"chapter 10's kernels compute in float32 only; q, k and v are {q.dtype}")
     B, H, Nq, D = q.shape
