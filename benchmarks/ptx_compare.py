@@ -16,7 +16,8 @@ nvidia-cuda-nvrtc, installed into a scratch folder, never the course's .venv):
 ``dump`` uses only these names of cuda_steps: ``plan(step, q, k, v, opts, mask, tiling=, splits=)``,
 ``SIMT_STEPS``, ``STEP_TILING``, ``Tiling``, ``DECODE_TILING`` and ``make_merge_kernel()``.
 ``compare`` renames every mangled symbol (_Z...) and shared array (_cudapy_smem_<n>) to S<n> in order of first appearance, drops
-comments and blank lines, and diffs the instructions.
+comments, blank lines and numba's environment declarations (``.common .global ... _ZN08NumbaEnv...``, one per
+Python function compiled in, used by no instruction), and diffs the instructions.
 """
 import difflib
 import os
@@ -110,7 +111,7 @@ def normalise(text):
     lines = []
     for line in text.splitlines():
         line = line.split("//")[0].rstrip()
-        if not line.strip():
+        if not line.strip() or line.startswith(".common .global") and "_ZN08NumbaEnv" in line:
             continue
         lines.append(re.sub(r"_Z[A-Za-z0-9_$]+|_cudapy_smem_[0-9]+", rename, line))
     return lines
