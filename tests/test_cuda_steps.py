@@ -119,7 +119,7 @@ def test_a_tiling_that_does_not_divide_its_threads_is_refused():
 def test_shared_memory_layout_reuses_ks_for_p_and_pads_rows():
     t = cs.Tiling(Br=64, Bc=32, threads=128, tx=8, pad=1)
     L = t.layout(64, 64)
-    assert L["PS"] == L["KS"] and L["DP"] == 65 and L["BP"] == 33
+    assert L.PS == L.KS and L.DP == 65 and L.BP == 33
     assert t.shared_bytes(64, 64) == 4 * (64 * 65 + max(32 * 65, 64 * 33) + 32 * 64 + 64 * 8)
 
 
@@ -128,10 +128,10 @@ def test_vec_layout_keeps_rows_16_byte_aligned_conflict_free():
                           (7, 5, replace(cs.SIM_TILING, vec=True)), (40, 24, cs.DECODE_TILING)]:
         L = tiling.layout(D, Dv)
         for name in ("QS", "KS", "VS", "PS", "RED", "DP", "EP", "BP"):
-            assert L[name] % 4 == 0, (D, Dv, name, L[name])     # every row starts on 16 bytes
-        assert L["DP"] % 32 == 4 and L["DP"] >= D                  # 8 rows of Q / K: 8 different bank quads
-        assert L["EP"] >= Dv and L["EP"] % (4 * tiling.tx) == 0   # dims owned in chunks of 4 per thread
-        assert tiling.shared_bytes(D, Dv) == 4 * L["size"]
+            assert getattr(L, name) % 4 == 0, (D, Dv, name, getattr(L, name))     # every row starts on 16 bytes
+        assert L.DP % 32 == 4 and L.DP >= D                    # 8 rows of Q / K: 8 different bank quads
+        assert L.EP >= Dv and L.EP % (4 * tiling.tx) == 0     # dims owned in chunks of 4 per thread
+        assert tiling.shared_bytes(D, Dv) == 4 * L.size
     with pytest.raises(ValueError, match="divide a warp"):
         cs.Tiling(Br=64, Bc=48, threads=96, tx=12, vec=True).check(64, 64)
 
@@ -150,6 +150,17 @@ def test_the_steps_to_tiled_vec4_change_one_thing_each():
     for off in ({"align": 0}, {"shuffle": False}, {"last_first": False}):   # tiled_staged's kernel has no switches
         with pytest.raises(ValueError, match="no align, shuffle or last_first"):
             replace(cs.STEP_TILING["tiled_staged"], **off).check(64, 64)
+
+
+def test_each_step_to_tiled_vec4_runs_a_kernel_of_its_own():
+    made = {step: cs.factory(cs.STEP_TILING[step])
+            for step in ("tiled_rebuilt", "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4")}
+    assert made == {"tiled_rebuilt": cs.make_rebuilt_kernel, "tiled_shuffle": cs.make_shuffle_kernel,
+                    "tiled_reorder": cs.make_reorder_kernel, "tiled_aligned": cs.make_aligned_kernel,
+                    "tiled_vec4": cs.make_aligned_kernel}      # tiled_vec4: tiled_aligned's kernel, larger tiles
+    assert cs.factory(cs.STEP_TILING["tiled_staged"]) is cs.make_staged_kernel
+    with pytest.raises(ValueError, match="no other mix has a kernel"):    # the grid order without the shuffles
+        replace(cs.STEP_TILING["tiled_rebuilt"], last_first=True).check(64, 64)
 
 
 def test_decode_splits_asks_for_two_full_waves_of_blocks():
