@@ -67,7 +67,7 @@ def _compile_time_constants(*classes):
 
     @lower_constant(Constants)
     def instance(context, builder, ty, value):
-        return context.get_dummy_value()
+        return context.get_dummy_value()     # nothing to pass at run time: every attribute is in the code
 
 
 if numba is not None and not SIMULATOR:
