@@ -166,7 +166,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes]
     from course_lib.kernels import cuda_steps as cs
-    steps = args.steps or list(cs.STEPS)
+    steps = args.steps or list(cs.SIMT_STEPS)
     if args.child:
         mma_child(shapes) if args.mma else child(shapes, steps, args.tuned)
         return

@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from course_lib import bench, checks  # noqa: E402
+from course_lib.core import hardware  # noqa: E402
 from course_lib.core.options import call_forward  # noqa: E402
 from course_lib.kernels import cuda_steps as cs  # noqa: E402
 
@@ -199,7 +200,7 @@ def step_extra(p):
     regs = res.get("regs_per_thread")
     if isinstance(regs, int):
         shared = p.shared + (res.get("shared_mem_per_block") or 0 if isinstance(res.get("shared_mem_per_block"), int) else 0)
-        extra["occupancy"] = cs.occupancy(regs, shared, p.blockdim)
+        extra["occupancy"] = hardware.occupancy("h200", regs, shared, p.blockdim).as_record()
     return extra
 
 
@@ -239,7 +240,7 @@ def part_check(args):
         q = rng.standard_normal((B, H, Nq, D)).astype(np.float32)
         k = rng.standard_normal((B, Hk, Nk, D)).astype(np.float32)
         v = rng.standard_normal((B, Hk, Nk, Dv)).astype(np.float32)
-        for step in cs.STEPS:
+        for step in cs.SIMT_STEPS:
             for splits in ((1, 4) if step == "tuned" else (1,)):
                 try:
                     o, lse = cs.attention(q, k, v, step=step, splits=splits, return_lse=True, **opts)
@@ -306,7 +307,7 @@ def part_steps(args):
         for D in args.head_dims:
             for causal in (False, True):
                 pr = Problem(B, 16, n, n, D, seed=n + D)
-                for step in cs.STEPS:
+                for step in cs.SIMT_STEPS:
                     try:
                         p, call = pr.call(step, causal=causal)
                         extra = {}
@@ -328,7 +329,7 @@ def part_steps(args):
                 torch.cuda.empty_cache()
 
 
-# tiled_prefetch to tiled_vec4, one change a step (cs.STEPS holds them in this order)
+# tiled_prefetch to tiled_vec4, one change a step (cs.SIMT_STEPS holds them in this order)
 CHAIN = ("tiled_prefetch", "tiled_rebuilt", "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4")
 
 

@@ -13,10 +13,11 @@ nvidia-cuda-nvrtc, installed into a scratch folder, never the course's .venv):
     LD_LIBRARY_PATH=... CUDA_HOME=... PYTHONPATH=. python benchmarks/ptx_compare.py dump /tmp/ptx_after
     python benchmarks/ptx_compare.py compare /tmp/ptx_before /tmp/ptx_after
 
-``dump`` uses only what both versions of cuda_steps offer: ``plan(step, q, k, v, opts, mask,
-tiling=, splits=)``, ``STEP_TILING``, ``Tiling``, ``DECODE_TILING`` and ``make_merge_kernel()``.
+``dump`` uses only these names of cuda_steps: ``plan(step, q, k, v, opts, mask, tiling=, splits=)``,
+``SIMT_STEPS``, ``STEP_TILING``, ``Tiling``, ``DECODE_TILING`` and ``make_merge_kernel()``.
 ``compare`` renames every mangled symbol (_Z...) and shared array (_cudapy_smem_<n>) to S<n> in order of first appearance, drops
-comments and blank lines, and diffs the instructions.
+comments, blank lines and numba's environment declarations (``.common .global ... _ZN08NumbaEnv...``, one per
+Python function compiled in, used by no instruction), and diffs the instructions.
 """
 import difflib
 import os
@@ -80,7 +81,7 @@ def dump(outdir):
 
     only = set(sys.argv[3:])
     for D in (64, 128):
-        for step in cs.STEPS:
+        for step in cs.SIMT_STEPS:
             name = f"{step}_D{D}"
             if only and name not in only:
                 continue
@@ -110,7 +111,7 @@ def normalise(text):
     lines = []
     for line in text.splitlines():
         line = line.split("//")[0].rstrip()
-        if not line.strip():
+        if not line.strip() or line.startswith(".common .global") and "_ZN08NumbaEnv" in line:
             continue
         lines.append(re.sub(r"_Z[A-Za-z0-9_$]+|_cudapy_smem_[0-9]+", rename, line))
     return lines

@@ -57,12 +57,12 @@ def time_one(pr, label, tiling=None, splits=1, step="tuned", causal=False, repea
 
 
 def part_check():
-    steps = cs.STEPS
-    cs.STEPS = ("tiled_vec4", "tuned")
+    steps = cs.SIMT_STEPS
+    cs.SIMT_STEPS = ("tiled_vec4", "tuned")
     try:
         gs.part_check(None)
     finally:
-        cs.STEPS = steps
+        cs.SIMT_STEPS = steps
 
 
 CANDS = {

@@ -363,7 +363,7 @@ def test_h200_records_hold_every_step_and_peer_in_one_run():
     assert len({r["run_id"] for r in records}) == 1
     impls = {r["impl"] for r in records}
     chain = {f"cuda_{s}" for s in gpu_steps.CHAIN}
-    assert {f"cuda_{s}" for s in cs.STEPS} - impls <= chain
+    assert {f"cuda_{s}" for s in cs.SIMT_STEPS} - impls <= chain
     assert set(benchrun.TORCH_PEERS) <= impls
     checked = bench.load_records(RECORDS / "gpu_steps.jsonl", benchmark="gpu_steps_check")
     assert checked and all(r["verdict"] == "PASS" for r in checked)
@@ -371,4 +371,4 @@ def test_h200_records_hold_every_step_and_peer_in_one_run():
     assert len({r["run_id"] for r in timed}) == 1
     assert chain | {"torch_naive"} <= {r["impl"] for r in timed}
     checked = bench.load_records(RECORDS / "gpu_steps_chain.jsonl", benchmark="gpu_steps_check")
-    assert {r["step"] for r in checked} >= set(cs.STEPS) and all(r["verdict"] == "PASS" for r in checked)
+    assert {r["step"] for r in checked} >= set(cs.SIMT_STEPS) and all(r["verdict"] == "PASS" for r in checked)

@@ -21,7 +21,7 @@ import pytest
 
 import course_lib
 from course_lib import kernels
-from course_lib.core import rules
+from course_lib.core import hardware, rules
 from course_lib.kernels import cuda_steps as cs
 from course_lib.kernels.cuda_steps import __main__ as cli
 
@@ -75,7 +75,7 @@ def test_one_step_checks_itself_from_the_command_line():
 
 def test_every_step_is_a_registered_cuda_impl_with_a_description():
     steps = {impl.options["step"]: name for name, impl in kernels.IMPLS.items() if impl.function == "forward"}
-    assert set(steps) == set(cs.STEPS) and all(steps[s] == f"cuda_{s}" for s in cs.STEPS)
+    assert set(steps) == set(cs.SIMT_STEPS) and all(steps[s] == f"cuda_{s}" for s in cs.SIMT_STEPS)
     for name in steps.values():
         impl = kernels.IMPLS[name]
         assert impl.cuda and impl.what and "\n" not in impl.what
@@ -83,8 +83,8 @@ def test_every_step_is_a_registered_cuda_impl_with_a_description():
 
 
 def test_steps_are_listed_only_where_a_gpu_or_simulator_runs():
-    listed = {s for s in cs.STEPS if f"cuda_{s}" in course_lib.available_impls()}
-    assert listed == (set(cs.STEPS) if cs.available() else set())
+    listed = {s for s in cs.SIMT_STEPS if f"cuda_{s}" in course_lib.available_impls()}
+    assert listed == (set(cs.SIMT_STEPS) if cs.available() else set())
     if not cs.available():
         with pytest.raises(ValueError, match="not available on this machine"):
             course_lib.attention(np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 4, 4), np.float32),
@@ -119,7 +119,7 @@ def test_a_tiling_that_does_not_divide_its_threads_is_refused():
 def test_shared_memory_layout_reuses_ks_for_p_and_pads_rows():
     t = cs.Tiling(Br=64, Bc=32, threads=128, tx=8, pad=1)
     L = t.layout(64, 64)
-    assert L["PS"] == L["KS"] and L["DP"] == 65 and L["BP"] == 33
+    assert L.PS == L.KS and L.DP == 65 and L.BP == 33
     assert t.shared_bytes(64, 64) == 4 * (64 * 65 + max(32 * 65, 64 * 33) + 32 * 64 + 64 * 8)
 
 
@@ -128,10 +128,10 @@ def test_vec_layout_keeps_rows_16_byte_aligned_conflict_free():
                           (7, 5, replace(cs.SIM_TILING, vec=True)), (40, 24, cs.DECODE_TILING)]:
         L = tiling.layout(D, Dv)
         for name in ("QS", "KS", "VS", "PS", "RED", "DP", "EP", "BP"):
-            assert L[name] % 4 == 0, (D, Dv, name, L[name])     # every row starts on 16 bytes
-        assert L["DP"] % 32 == 4 and L["DP"] >= D                  # 8 rows of Q / K: 8 different bank quads
-        assert L["EP"] >= Dv and L["EP"] % (4 * tiling.tx) == 0   # dims owned in chunks of 4 per thread
-        assert tiling.shared_bytes(D, Dv) == 4 * L["size"]
+            assert getattr(L, name) % 4 == 0, (D, Dv, name, getattr(L, name))     # every row starts on 16 bytes
+        assert L.DP % 32 == 4 and L.DP >= D                    # 8 rows of Q / K: 8 different bank quads
+        assert L.EP >= Dv and L.EP % (4 * tiling.tx) == 0     # dims owned in chunks of 4 per thread
+        assert tiling.shared_bytes(D, Dv) == 4 * L.size
     with pytest.raises(ValueError, match="divide a warp"):
         cs.Tiling(Br=64, Bc=48, threads=96, tx=12, vec=True).check(64, 64)
 
@@ -139,7 +139,7 @@ def test_vec_layout_keeps_rows_16_byte_aligned_conflict_free():
 def test_the_steps_to_tiled_vec4_change_one_thing_each():
     fields = ("Br", "Bc", "threads", "tx", "pad", "prefetch", "max_regs", "unsigned", "vec", "align", "shuffle",
               "last_first")
-    chain = cs.STEPS[cs.STEPS.index("tiled_rebuilt"):cs.STEPS.index("tiled_vec4") + 1]
+    chain = cs.SIMT_STEPS[cs.SIMT_STEPS.index("tiled_rebuilt"):cs.SIMT_STEPS.index("tiled_vec4") + 1]
     changed = [{f for f in fields if getattr(cs.STEP_TILING[a], f) != getattr(cs.STEP_TILING[b], f)}
                for a, b in zip(chain, chain[1:])]
     assert changed == [{"shuffle"}, {"last_first"}, {"align"}, {"Br", "Bc", "threads", "tx"}]
@@ -152,9 +152,20 @@ def test_the_steps_to_tiled_vec4_change_one_thing_each():
             replace(cs.STEP_TILING["tiled_staged"], **off).check(64, 64)
 
 
+def test_each_step_to_tiled_vec4_runs_a_kernel_of_its_own():
+    made = {step: cs.factory(cs.STEP_TILING[step])
+            for step in ("tiled_rebuilt", "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4")}
+    assert made == {"tiled_rebuilt": cs.make_rebuilt_kernel, "tiled_shuffle": cs.make_shuffle_kernel,
+                    "tiled_reorder": cs.make_reorder_kernel, "tiled_aligned": cs.make_aligned_kernel,
+                    "tiled_vec4": cs.make_aligned_kernel}      # tiled_vec4: tiled_aligned's kernel, larger tiles
+    assert cs.factory(cs.STEP_TILING["tiled_staged"]) is cs.make_staged_kernel
+    with pytest.raises(ValueError, match="no other mix has a kernel"):    # the grid order without the shuffles
+        replace(cs.STEP_TILING["tiled_rebuilt"], last_first=True).check(64, 64)
+
+
 def test_decode_splits_asks_for_two_full_waves_of_blocks():
     tiling = cs.DECODE_TILING
-    per_sm = cs.occupancy(40, tiling.shared_bytes(128, 128), tiling.threads)["blocks_per_sm"]
+    per_sm = hardware.occupancy("h200", 40, tiling.shared_bytes(128, 128), tiling.threads).blocks
     splits, why = cs.decode_splits(128, 1024, tiling, 128, 128, regs=40, sms=132)
     assert why["blocks_per_sm"] == per_sm and splits & (splits - 1) == 0
     assert 128 * splits >= 2 * 132 * per_sm > 128 * splits // 2     # the fewest that fill two waves
@@ -162,12 +173,14 @@ def test_decode_splits_asks_for_two_full_waves_of_blocks():
     assert cs.decode_splits(100000, 1024, tiling, 128, 128, sms=132)[0] == 1
 
 
-def test_occupancy_names_the_resource_that_limits_it():
+def test_the_records_occupancy_names_the_resource_that_limits_it():
+    def record(regs, shared, threads):
+        return hardware.occupancy("h200", regs, shared, threads).as_record()
     # 255 registers x 128 threads: 2 blocks of 4 warps fit in 64K registers
-    assert cs.occupancy(255, 1024, 128) == {"blocks_per_sm": 2, "warps_per_sm": 8, "occupancy": 0.125,
-                                            "limited_by": "registers"}
-    assert cs.occupancy(32, 100 * 1024, 128)["limited_by"] == "shared"
-    assert cs.occupancy(32, 0, 1024)["limited_by"] == "warps"
+    assert record(255, 1024, 128) == {"blocks_per_sm": 2, "warps_per_sm": 8, "occupancy": 0.125,
+                                      "limited_by": "registers"}
+    assert record(32, 100 * 1024, 128)["limited_by"] == "shared"
+    assert record(32, 0, 1024)["limited_by"] == "warps"     # 2 blocks by warps and by registers: warps first
 
 
 def test_the_autotuner_keeps_the_fastest_candidate_that_ran():

@@ -218,11 +218,11 @@ def calculator(regs, shared, threads):
 
 
 @pytest.mark.parametrize("threads", [32, 64, 96, 128, 256, 384, 512, 1024])
-def test_cuda_steps_occupancy_is_the_calculators_on_the_h200(threads):
-    from course_lib.kernels import cuda_steps as cs
+def test_the_records_occupancy_is_the_calculators_on_the_h200(threads):
     for regs in [*range(1, 256, 7), 32, 40, 64, 128, 168, 255]:
         for shared in (0, 1, 1024, 12288, 16384, 49152, 65536, 100 * KiB, 116 * KiB, 200 * KiB, 227 * KiB):
-            assert cs.occupancy(regs, shared, threads) == calculator(regs, shared, threads), (regs, shared, threads)
+            got = hardware.occupancy("h200", regs, shared, threads).as_record()
+            assert got == calculator(regs, shared, threads), (regs, shared, threads)
 
 
 def test_occupancy_reads_every_limit_from_the_preset():
@@ -244,8 +244,6 @@ def test_occupancy_gives_no_block_over_a_per_block_limit():
     assert spills.blocks == 0 and spills.over_block == ("registers",)
     with pytest.raises(ValueError, match="GPU figure"):
         hardware.occupancy("laptop_cpu", 32, 1024, 128)
-    with pytest.raises(ValueError, match="ties must order"):
-        hardware.occupancy("h200", 32, 1024, 128, ties=("blocks",))
 
 
 def test_a_device_name_finds_its_preset_and_a_cpu_finds_none():

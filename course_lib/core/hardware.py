@@ -400,6 +400,7 @@ def preset_for(device) -> str | None:
 # -- how many blocks one SM holds ------------------------------------------------------
 
 LIMITS = ("shared memory", "registers", "threads", "blocks")  # the order a tie between limits is named in
+RECORD_NAMES = {"threads": "warps", "registers": "registers", "shared memory": "shared", "blocks": "blocks"}
 
 
 @dataclass(frozen=True)
@@ -409,25 +410,31 @@ class Occupancy:
     blocks: int  # blocks per unit
     warps: int  # warps per unit: blocks x warps per block
     fraction: float  # warps over the most warps a unit holds
-    limiter: str  # the limit that allows the fewest blocks (the first of ``ties`` on a tie)
-    limits: dict  # limit name -> blocks it alone allows, in the order of ``ties``
+    limiter: str  # the limit that allows the fewest blocks (the first of ``LIMITS`` on a tie)
+    limits: dict  # limit name -> blocks it alone allows, in the order of ``LIMITS``
     over_block: tuple = ()  # per-block limits the kernel exceeds: "shared memory", "registers"
 
+    def as_record(self) -> dict:
+        """This occupancy as the GPU records carry it (and exercise 10.3 asks for it): blocks and warps
+        per SM, the fraction, and the limit named "warps", "registers", "shared" or "blocks", a tie going
+        to the first of those."""
+        limiter = min(RECORD_NAMES, key=lambda name: self.limits[name])
+        return {"blocks_per_sm": self.blocks, "warps_per_sm": self.warps, "occupancy": self.fraction,
+                "limited_by": RECORD_NAMES[limiter]}
 
-def occupancy(hw, registers: int, shared: int, threads: int, *, ties=LIMITS) -> Occupancy:
+
+def occupancy(hw, registers: int, shared: int, threads: int) -> Occupancy:
     """Blocks per SM of a kernel with ``registers`` per thread, ``shared`` bytes per block and ``threads``
     per block, from the preset's per-SM limits: a model of the CUDA occupancy calculator, not a measurement.
 
     Registers go to a warp in multiples of ``register_allocation_unit``; each block also takes the
     shared memory the runtime reserves (a kernel with no shared memory is limited by the block limit
     alone).  A kernel over a per-block limit (shared memory per block, registers per thread) gets no
-    block, and ``over_block`` says which.  ``ties`` names the limits in the order a tie picks the limiter.
+    block, and ``over_block`` says which.
     """
     hw = hardware(hw)
     if hw.registers_per_unit is None:
         raise ValueError(f"{hw.name} has no register file or SMs: occupancy is a GPU figure")
-    if sorted(ties) != sorted(LIMITS):
-        raise ValueError(f"ties must order the limits {LIMITS}, got {ties!r}")
     warps = -(-int(threads) // 32)
     unit = hw.register_allocation_unit or 32
     per_warp = -(-max(int(registers), 1) * 32 // unit) * unit
@@ -445,7 +452,6 @@ def occupancy(hw, registers: int, shared: int, threads: int, *, ties=LIMITS) -> 
     if registers > hw.max_registers_per_thread:
         over.append("registers")
     limits.update({name: 0 for name in over})
-    limits = {name: limits[name] for name in ties}
     limiter = min(limits, key=limits.get)
     blocks = limits[limiter]
     return Occupancy(blocks, blocks * warps, blocks * warps / max_warps, limiter, limits, tuple(over))

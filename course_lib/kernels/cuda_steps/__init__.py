@@ -11,34 +11,35 @@ registry's, ``course_lib.kernels``):
     row, row_exp2     chapter 09's kernel (``flash_numba_cuda.make_kernel``), in base e / base 2
     tiled.py          tiled, tiled_unsigned, tiled_padded: register micro-tiles
     tiled_prefetch.py the same with the next K / V tile loaded a tile ahead
-    tiled_vec4.py     the micro-tiles rebuilt around 16-byte shared loads, one switch a step:
-                      tiled_rebuilt, tiled_shuffle, tiled_reorder, tiled_aligned, tiled_vec4
+    tiled_vec4.py     the micro-tiles rebuilt around 16-byte shared loads, one kernel a change:
+                      tiled_rebuilt, tiled_shuffle, tiled_reorder, tiled_aligned (and tiled_vec4,
+                      its larger tiles), from device functions they share
     tiled_staged.py   the same with a whole K / V tile in flight at once (and ``tuned``)
     merge.py          split-KV's merge of the partial (out, lse)
 
 and the host side: ``tiling`` (each step's compile-time shape), ``run`` (plan,
-launch, run), ``tuning`` (autotune, decode_splits, resources), ``occupancy``
-(what a block costs a Hopper multiprocessor), ``device`` (the rules compiled
-for the GPU, shared by every kernel).
+launch, run), ``tuning`` (autotune, decode_splits, resources), ``device`` (the
+rules compiled for the GPU, shared by every kernel).  What a block costs a
+multiprocessor is ``core.hardware.occupancy``.
 
 These kernels run on a GPU or in numba's simulator (``NUMBA_ENABLE_CUDASIM=1``);
 ``course_lib.cudacheck`` does not model dynamic shared memory.
 """
 from .device import on_gpu
 from .merge import make_merge_kernel
-from .occupancy import SMS, occupancy
-from .run import (FACTORY, SPLIT_KV_STEPS, STEPS, Plan, allow_shared, attention, available, forward, launcher,
-                  plan, tiling_for, visit_lists)
+from .run import (SIMT_STEPS, SPLIT_KV_STEPS, Plan, allow_shared, attention, available, factory, forward,
+                  launcher, plan, tiling_for, visit_lists)
 from .tiled import make_tiled_kernel
 from .tiled_prefetch import make_prefetch_kernel
 from .tiled_staged import make_staged_kernel
-from .tiled_vec4 import make_vec4_kernel
+from .tiled_vec4 import make_aligned_kernel, make_rebuilt_kernel, make_reorder_kernel, make_shuffle_kernel
 from .tiling import (CANDIDATES, DECODE_TILING, MAX_SHARED, SIM_TILING, STATIC_SHARED, STEP_TILING, TUNED,
                      Tiling)
 from .tuning import DECODE_WAVES, autotune, decode_splits, resources
 
-__all__ = ["CANDIDATES", "DECODE_TILING", "DECODE_WAVES", "FACTORY", "MAX_SHARED", "Plan", "SIM_TILING", "SMS",
-           "SPLIT_KV_STEPS", "STATIC_SHARED", "STEPS", "STEP_TILING", "TUNED", "Tiling",
-           "allow_shared", "attention", "autotune", "available", "decode_splits", "forward", "launcher",
-           "make_merge_kernel", "make_prefetch_kernel", "make_staged_kernel", "make_tiled_kernel",
-           "make_vec4_kernel", "occupancy", "on_gpu", "plan", "resources", "tiling_for", "visit_lists"]
+__all__ = ["CANDIDATES", "DECODE_TILING", "DECODE_WAVES", "MAX_SHARED", "Plan", "SIM_TILING",
+           "SIMT_STEPS", "SPLIT_KV_STEPS", "STATIC_SHARED", "STEP_TILING", "TUNED", "Tiling",
+           "allow_shared", "attention", "autotune", "available", "decode_splits", "factory", "forward", "launcher",
+           "make_aligned_kernel", "make_merge_kernel", "make_prefetch_kernel", "make_rebuilt_kernel",
+           "make_reorder_kernel", "make_shuffle_kernel", "make_staged_kernel", "make_tiled_kernel", "on_gpu", "plan",
+           "resources", "tiling_for", "visit_lists"]

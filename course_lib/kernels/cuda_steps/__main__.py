@@ -25,7 +25,7 @@ from ...core import reference
 from ...core.flops import attention_flops
 from ...core.options import call_forward
 from .device import on_gpu
-from .run import STEPS, attention, launcher, plan
+from .run import SIMT_STEPS, attention, launcher, plan
 
 # name: (B, H, Hk, Nq, Nk, D, Dv, options, splits)
 CASES = {
@@ -93,7 +93,7 @@ def time_step(step, B, H, N, D, repeats=10):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m course_lib.kernels.cuda_steps",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("step", choices=STEPS)
+    parser.add_argument("step", choices=SIMT_STEPS)
     parser.add_argument("--sim", action="store_true", help="run in numba's simulator even with a GPU")
     parser.add_argument("--n", type=int, default=4096, help="sequence length to time at (GPU only)")
     parser.add_argument("--d", type=int, nargs="+", default=[64, 128], help="head dims to time at (GPU only)")

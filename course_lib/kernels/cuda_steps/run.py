@@ -1,9 +1,8 @@
 """The host side of every step: plan a launch, run it, check the inputs it takes.
 
 ``plan`` decides one launch of a step on the host: the kernel (from the step's
-Tiling: ``tiled``, ``tiled_prefetch``, ``tiled_vec4`` (also the steps between
-them) or ``tiled_staged``'s factory, or chapter 09's for ``row`` /
-``row_exp2``), the grid, the dynamic shared memory and the arguments.  Causal (and window) tile skipping is the
+Tiling, ``factory``: ``tiled``'s, ``tiled_prefetch``'s, one of ``tiled_vec4``'s
+steps' or ``tiled_staged``'s, or chapter 09's for ``row`` / ``row_exp2``), the grid, the dynamic shared memory and the arguments.  Causal (and window) tile skipping is the
 host's, as in chapters 08 and 09: ``launch.prepare`` classifies the tiles, and
 each query tile gets the list of the key tiles it visits (``visit_lists``), so
 a skipped tile costs nothing, not even a branch.  Split-KV (``splits > 1``)
@@ -37,15 +36,20 @@ from .merge import make_merge_kernel
 from .tiled import make_tiled_kernel
 from .tiled_prefetch import make_prefetch_kernel
 from .tiled_staged import make_staged_kernel
-from .tiled_vec4 import make_vec4_kernel
+from .tiled_vec4 import VEC_FACTORY
 from .tiling import SIM_TILING, STATIC_SHARED, STEP_TILING, TUNED, Tiling
 
-STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tiled_rebuilt",
-         "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4", "tiled_staged", "tuned")
-SPLIT_KV_STEPS = STEPS[2:]   # the micro-tiled steps: they take ``splits`` (row / row_exp2 are chapter 09's)
-# The micro-tiled kernel a Tiling runs: (vec, prefetch) -> its factory.
-FACTORY = {(False, False): make_tiled_kernel, (False, True): make_prefetch_kernel,
-           (True, False): make_vec4_kernel, (True, True): make_staged_kernel}
+SIMT_STEPS = ("row", "row_exp2", "tiled", "tiled_unsigned", "tiled_padded", "tiled_prefetch", "tiled_rebuilt",
+              "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4", "tiled_staged", "tuned")
+SPLIT_KV_STEPS = SIMT_STEPS[2:]   # the micro-tiled steps: they take ``splits`` (row / row_exp2 are chapter 09's)
+
+
+def factory(tiling):
+    """The micro-tiled kernel's factory a Tiling runs: by ``vec`` and ``prefetch``, and for the
+    vectorised kernels without prefetch by their switches (``tiling.VEC_SWITCHES``)."""
+    if not tiling.vec:
+        return make_prefetch_kernel if tiling.prefetch else make_tiled_kernel
+    return make_staged_kernel if tiling.prefetch else VEC_FACTORY[tiling.switches]
 
 
 def available() -> bool:
@@ -108,8 +112,8 @@ def kernel_args(launch, splits):
 
 def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     """The kernel and launch of ``step`` for validated dense float32 inputs."""
-    if step not in STEPS:
-        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    if step not in SIMT_STEPS:
+        raise ValueError(f"step must be one of {SIMT_STEPS}, got {step!r}")
     if q.dtype != np.float32:
         raise TypeError(f"chapter 10's kernels compute in float32 only; q, k and v are {q.dtype}")
     B, H, Nq, D = q.shape
@@ -120,7 +124,7 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     tiling = tiling or tiling_for(step, D)
     Br, Bc = host.tile_sizes(opts, tiling.Br, tiling.Bc)
     tiling = replace(tiling, Br=Br, Bc=Bc)
-    kernel = FACTORY[tiling.vec, tiling.prefetch](tiling, D, Dv)
+    kernel = factory(tiling)(tiling, D, Dv)
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, tiling.Br, tiling.Bc)[0]
     args, splits = kernel_args(launch, splits)
     Tr = launch.tiles.shape[0]

@@ -2,7 +2,8 @@
 
 A step's Tiling says which kernel it runs (``vec``, ``prefetch``) and with
 which numbers (tile sizes, threads, padding, index type); ``run.plan`` picks
-the kernel from it, ``layout`` cuts the one dynamic shared buffer.
+the kernel from it, ``layout`` cuts the one dynamic shared buffer (a ``Layout``).
+A kernel reads both as compile-time constants (``device`` tells numba so).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Tiling:
     ``align`` 0), ``tiled_shuffle`` (``shuffle``), ``tiled_reorder``
     (``last_first``), ``tiled_aligned`` (``align`` 16), ``tiled_vec4`` (the
     larger tiles); ``tiled_staged``'s kernel has none of these switches.
+    Each of those switch settings is a kernel of its own (``tiled_vec4.py``).
     """
 
     Br: int = 64             # query rows per block
@@ -67,9 +69,17 @@ class Tiling:
             raise ValueError(f"{self}: the vectorised kernel needs tx to divide a warp (32) and Bc a multiple of 4")
         if self.vec and self.prefetch and (self.align != 16 or not self.shuffle or not self.last_first):
             raise ValueError(f"{self}: tiled_staged's kernel has no align, shuffle or last_first switch")
+        if self.vec and self.switches not in VEC_SWITCHES:
+            raise ValueError(f"{self}: the vectorised kernels turn on shuffle, then last_first, then align 16 "
+                             f"(tiled_rebuilt, tiled_shuffle, tiled_reorder, tiled_aligned); no other mix has a kernel")
         if self.shared_bytes(D, Dv) > MAX_SHARED:
             raise ValueError(f"{self} needs {self.shared_bytes(D, Dv)} bytes of shared memory at D={D}, "
                              f"Dv={Dv}; a block gets at most {MAX_SHARED}")
+
+    @property
+    def switches(self):
+        """(shuffle, last_first, align): which of the vectorised kernels the Tiling runs."""
+        return self.shuffle, self.last_first, self.align
 
     def layout(self, D, Dv):
         """Offsets (in floats) of Qs, Ks (= Ps), Vs, red in the dynamic buffer, and its size."""
@@ -81,8 +91,9 @@ class Tiling:
         ks = qs + self.Br * dp
         vs = ks + max(self.Bc * dp, self.Br * bp)   # P reuses Ks once S is computed
         red = vs + self.Bc * ep
-        return dict(QS=qs, KS=ks, PS=ks, VS=vs, RED=red, DP=dp, EP=ep, BP=bp, RE=re,
-                    size=red + self.Br * self.tx)
+        return Layout(D=D, Dv=Dv, QS=qs, KS=ks, PS=ks, VS=vs, RED=red, DP=dp, EP=ep, BP=bp, RE=re,
+                      NK=-(-self.Bc * D // self.threads), NV=-(-self.Bc * ep // self.threads),
+                      size=red + self.Br * self.tx)
 
     def vec_layout(self, D, Dv):
         """tiled_vec4's buffer: every row a multiple of 4 floats (16 bytes, one ``ld.shared.v4``).
@@ -100,26 +111,27 @@ class Tiling:
         vs = ks + self.Bc * dp
         ps = vs + self.Bc * ep
         red = ps + self.Br * bp
-        return dict(QS=qs, KS=ks, PS=ps, VS=vs, RED=red, DP=dp, EP=ep, BP=bp, RE=4 * rg, RG=rg, D4=d4,
-                    size=red + self.Br * self.tx)
+        return Layout(D=D, Dv=Dv, QS=qs, KS=ks, PS=ps, VS=vs, RED=red, DP=dp, EP=ep, BP=bp, RE=4 * rg, RG=rg, D4=d4,
+                      NK=-(-self.Bc * d4 // self.threads), NV=-(-self.Bc * ep // self.threads),
+                      size=red + self.Br * self.tx)
 
     def shared_bytes(self, D, Dv):
-        return 4 * self.layout(D, Dv)["size"]
+        return 4 * self.layout(D, Dv).size
 
     # What one thread does per key tile in the two matmuls (S = Q K^T, O += P V): counts of the
     # kernel's source, the model chapter 10's exercises hold answers to (not a measurement).
     def fmas(self, D, Dv):
         """FMAs per thread per key tile: RM x RN per dim of Q K^T, RM x RE per key of P V."""
         L = self.layout(D, Dv)
-        return self.rm * (self.rn * (L["D4"] if self.vec else D) + L["RE"] * self.Bc)
+        return self.rm * (self.rn * (L.D4 if self.vec else D) + L.RE * self.Bc)
 
     def shared_loads(self, D, Dv):
         """Shared-memory load instructions per thread per key tile: RM + RN values per dim, RM + RE
         per key; the vectorised kernels load them four to an instruction (``ld.shared.v4``)."""
         L = self.layout(D, Dv)
         if self.vec:
-            return (L["D4"] * (self.rm + self.rn) + self.Bc * (self.rm + L["RE"])) // 4
-        return D * (self.rm + self.rn) + self.Bc * (self.rm + L["RE"])
+            return (L.D4 * (self.rm + self.rn) + self.Bc * (self.rm + L.RE)) // 4
+        return D * (self.rm + self.rn) + self.Bc * (self.rm + L.RE)
 
     def live_floats(self, D, Dv):
         """float32 values a thread keeps in its inner loops: the S and O accumulators, the operands
@@ -127,17 +139,47 @@ class Tiling:
         ``prefetch`` the next tile's K / V in flight.  The compiler adds addresses and counters
         (the records' ``regs_per_thread`` are 14-90 above this at chapter 10's tilings)."""
         L = self.layout(D, Dv)
-        acc = self.rm * self.rn + self.rm * L["RE"] + 2 * self.rm
+        acc = self.rm * self.rn + self.rm * L.RE + 2 * self.rm
         if self.vec:
-            operands = 4 * (self.rm + self.rn + L["RG"]) + self.rm
+            operands = 4 * (self.rm + self.rn + L.RG) + self.rm
         else:
-            operands = self.rm + self.rn + L["RE"]         # a (Q, then P), bk, pv
+            operands = self.rm + self.rn + L.RE         # a (Q, then P), bk, pv
         staged = 0
         if self.prefetch:
-            d = L["D4"] if self.vec else D
-            staged = -(-self.Bc * d // self.threads) + -(-self.Bc * L["EP"] // self.threads)
+            d = L.D4 if self.vec else D
+            staged = -(-self.Bc * d // self.threads) + -(-self.Bc * L.EP // self.threads)
         return acc + operands + staged
 
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a micro-tiled kernel's arrays sit in its one dynamic shared buffer, for head dims D, Dv:
+    offsets (in floats) of Qs, Ks, Ps (= Ks but in the vectorised kernels), Vs and the reduction
+    array red; row strides DP (Q, K), EP (V), BP (P); the output dims a thread owns (RE, in RG
+    chunks of 4 in the vectorised kernels, whose Q and K rows are D4 = D rounded up to 4 floats);
+    the K and V elements each thread loads per tile (NK, NV); and the buffer's size."""
+
+    D: int
+    Dv: int
+    QS: int
+    KS: int
+    PS: int
+    VS: int
+    RED: int
+    DP: int
+    EP: int
+    BP: int
+    RE: int
+    NK: int
+    NV: int
+    size: int
+    RG: int = 0
+    D4: int = 0
+
+
+# The vectorised kernels without prefetch, one switch a step: (shuffle, last_first, align) of each.
+VEC_SWITCHES = {(False, False, 0): "tiled_rebuilt", (True, False, 0): "tiled_shuffle",
+                (True, True, 0): "tiled_reorder", (True, True, 16): "tiled_aligned"}
 
 # Decode (Nq = 1): a block of one warp per query row, its 32 threads along the keys and dims.
 DECODE_TILING = Tiling(Br=1, Bc=32, threads=32, tx=32, pad=4, prefetch=True, vec=True)

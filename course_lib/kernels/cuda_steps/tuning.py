@@ -15,8 +15,8 @@ try:
 except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are unavailable
     cuda = None
 
+from ...core import hardware
 from .device import on_gpu
-from .occupancy import SMS, occupancy
 from .tiling import CANDIDATES, TUNED, Tiling
 
 DECODE_WAVES = 2           # split-KV aims at this many full waves of resident blocks
@@ -40,17 +40,16 @@ def decode_splits(rows, tiles, tiling, D, Dv, regs=64, sms=None, waves=DECODE_WA
     """Split-KV's rule: the fewest splits (a power of two) that give ``waves`` full waves of blocks.
 
     ``rows`` blocks run without a split (B * H * Tr); a multiprocessor holds ``blocks_per_sm`` of
-    them at once (``occupancy`` of the tiling's shared memory, threads and ``regs``), so the chip
-    holds ``sms * blocks_per_sm``.  Fewer blocks leave multiprocessors idle or shallow (too few
+    them at once (``core.hardware.occupancy`` of the tiling's shared memory, threads and ``regs`` on
+    an H200), so the chip holds ``sms * blocks_per_sm``.  Fewer blocks leave multiprocessors idle or shallow (too few
     loads in flight); more only add partials to merge.  Never more splits than key tiles.
     ``shared``: the block's shared bytes where the tiling does not say them itself (a tensor-core
     tiling's depend on its kind).  Returns (splits, the numbers the rule used)."""
+    h200 = hardware.hardware("h200")
     if sms is None:
-        sms = SMS
-        if on_gpu():
-            sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+        sms = cuda.get_current_device().MULTIPROCESSOR_COUNT if on_gpu() else int(float(h200.units))
     shared = tiling.shared_bytes(D, Dv) if shared is None else shared
-    per_sm = occupancy(regs, shared, tiling.threads)["blocks_per_sm"]
+    per_sm = hardware.occupancy(h200, regs, shared, tiling.threads).blocks
     want = waves * sms * per_sm
     splits = 1
     while rows * splits < want and splits * 2 <= max(1, tiles):
