@@ -81,7 +81,8 @@ def _check_representable(opts, dtype):
     """softmax_scale, softcap and the largest ALiBi slope must survive the accumulation dtype (float32 for
     all but float64 inputs): 1e-50 would become 0 (a cap silently off), 1e39 infinity (NaN scores)."""
     acc = rules.acc_dtype(dtype)
-    slope = 0.0 if opts.alibi_slopes is None else float(np.max(np.abs(opts.alibi_slopes)))
+    slopes = opts.alibi_slopes
+    slope = float(np.max(np.abs(slopes))) if slopes is not None and slopes.size else 0.0
     for name, value in (("softmax_scale", opts.softmax_scale), ("softcap", opts.softcap), ("alibi_slopes", slope)):
         with np.errstate(over="ignore", under="ignore"):
             rounded = float(acc.type(value))
