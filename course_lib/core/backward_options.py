@@ -22,7 +22,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from .options import _array, _check_heads, _cu_seqlens, _defaults, _options, _qkv
+from . import rules
+from .options import CALLS, _array, _check_heads, _check_representable, _cu_seqlens, _defaults, _options, _qkv
 
 
 def _saved(name, x, shape, dtype):
@@ -61,18 +62,27 @@ def _lse_belongs(lse, out, mask, where=""):
         raise ValueError(f"lse{where} is -inf on a row whose out is not 0: this lse is not this out's")
 
 
+def _no_fp8(dtype):
+    if rules.is_fp8(dtype):
+        raise TypeError("the backward takes no float8_e4m3fn inputs (the course has no fp8 backward, and one "
+                        "without descales would be silently wrong): dequantise q, k and v (value times its "
+                        "descale), run the forward and the backward in bfloat16, float16 or float32")
+
+
 def _run(backward, q, k, v, out, lse, dout, opts):
     B, H, Nq, _ = q.shape
     mask = opts.mask(Nq, k.shape[2])
     _lse_belongs(lse, out, mask)
     if B * H * Nq == 0 or k.shape[2] == 0 or k.shape[1] == 0:
         return np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    return backward(q, k, v, out, lse, dout, opts, mask)
+    with CALLS:
+        return backward(q, k, v, out, lse, dout, opts, mask)
 
 
 def call_backward(backward, q, k, v, out, lse, dout, **options):
     """Validate a dense backward call, then run ``backward(q, k, v, out, lse, dout, opts, mask)``."""
     _qkv(q, k, v, 4, "(batch, heads, seqlen, head_dim)")
+    _no_fp8(q.dtype)
     batch, heads, seqlen_q, head_dim = q.shape
     if k.shape[0] != batch or v.shape[0] != batch:
         raise ValueError(f"q, k and v must have one batch size, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
@@ -84,6 +94,7 @@ def call_backward(backward, q, k, v, out, lse, dout, **options):
     _saved("dout", dout, out_shape, q.dtype)
     _lse(lse, (batch, heads, seqlen_q))
     opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=False, **_defaults(options))
+    _check_representable(opts, q.dtype)
     return _run(backward, q, k, v, out, lse, dout, opts)
 
 
@@ -92,6 +103,7 @@ def call_backward_varlen(backward, q, k, v, out, lse, dout, cu_seqlens_q, cu_seq
 
     q, out, dout: (total_q, H, D[v]); k, v: (total_k, Hk, D[v]); lse: (H, total_q)."""
     _qkv(q, k, v, 3, "(total, heads, head_dim)")
+    _no_fp8(q.dtype)
     total_q, heads, head_dim = q.shape
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v must have one packed length, got {k.shape[0]} and {v.shape[0]}")
@@ -107,6 +119,7 @@ def call_backward_varlen(backward, q, k, v, out, lse, dout, cu_seqlens_q, cu_seq
                          f"{cq.size - 1} and {ck.size - 1} sequences")
     batch = cq.size - 1
     opts = _options(batch=batch, heads=heads, head_dim=head_dim, return_lse=False, **_defaults(options))
+    _check_representable(opts, q.dtype)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for b in range(batch):
         rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])

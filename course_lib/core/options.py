@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from dataclasses import dataclass, replace
 
 import ml_dtypes
@@ -77,10 +78,12 @@ def _check_heads(heads, heads_k, head_dim, k_head_dim, v_heads):
 
 
 def _check_representable(opts, dtype):
-    """softmax_scale and softcap must survive the accumulation dtype (float32 for all but float64 inputs):
-    1e-50 would become 0 (a cap silently off), 1e39 infinity (NaN scores)."""
+    """softmax_scale, softcap and the largest ALiBi slope must survive the accumulation dtype (float32 for
+    all but float64 inputs): 1e-50 would become 0 (a cap silently off), 1e39 infinity (NaN scores)."""
     acc = rules.acc_dtype(dtype)
-    for name, value in (("softmax_scale", opts.softmax_scale), ("softcap", opts.softcap)):
+    slopes = opts.alibi_slopes
+    slope = float(np.max(np.abs(slopes))) if slopes is not None and slopes.size else 0.0
+    for name, value in (("softmax_scale", opts.softmax_scale), ("softcap", opts.softcap), ("alibi_slopes", slope)):
         with np.errstate(over="ignore", under="ignore"):
             rounded = float(acc.type(value))
         if value != 0 and (rounded == 0 or not math.isfinite(rounded)):
@@ -160,14 +163,44 @@ def _descales(dtype, batch, heads_k, descales):
         x = x.astype(np.float64)
         if not np.all(np.isfinite(x) & (x > 0)):
             raise ValueError(f"{name} must be finite and > 0")
+        with np.errstate(over="ignore", under="ignore"):
+            rounded = x.astype(np.float32)
+        if not np.all(np.isfinite(rounded) & (rounded > 0)):
+            raise ValueError(f"{name} must be within float32's range, where float8 inputs are computed "
+                             f"(max {float(np.max(x)):g}, min {float(np.min(x)):g}): it would become "
+                             f"{'infinity' if not np.all(np.isfinite(rounded)) else '0'}")
         out.append(x)
     return tuple(out)
 
 
 # -- running a forward ----------------------------------------------------------
 
+# One call at a time: the compiled impls share process-wide state that two threads would corrupt
+# (numba's workqueue threading layer aborts the process, the CUDA simulator's thread-local state breaks,
+# and the save / restore of OpenBLAS's thread count around a call would keep BLAS on one thread).
+CALLS = threading.RLock()
+
+
+def _never_nan(out, q, k, v):
+    """Finite inputs give a finite output, or the call is refused: a NaN here means the scores overflowed."""
+    if np.all(np.isfinite(out)):
+        return out
+    if all(np.all(np.isfinite(x)) for x in (q, k, v)):
+        big = max(float(np.max(np.abs(x.astype(np.float64)))) for x in (q, k))
+        raise ValueError(f"the scores overflowed {rules.acc_dtype(q.dtype).name} (max |q|, |k| = {big:g}): "
+                         "q and k are too large for this impl's arithmetic; scale them down (and softmax_scale "
+                         "up), or use an impl that computes in float64 (impl='reference')")
+    return out
+
+
 def _run(forward, q, k, v, opts):
-    """Dense forward, handling shapes that leave no work for the impl."""
+    """Dense forward, handling shapes that leave no work for the impl, one call at a time."""
+    with CALLS:
+        out, lse = _run_unlocked(forward, q, k, v, opts)
+    return _never_nan(out, q, k, v), lse
+
+
+def _run_unlocked(forward, q, k, v, opts):
     batch, heads, seqlen_q, _ = q.shape
     seqlen_k, head_dim_v = k.shape[2], v.shape[3]
     if batch * heads * seqlen_q == 0 or seqlen_k == 0:
