@@ -33,7 +33,7 @@ def make_qkv(rng, batch, heads, heads_k, nq, nk, d, dv=None, dtype=np.float64, q
     """Unit-normal q (batch, heads, nq, d), k (batch, heads_k, nk, d), v (batch, heads_k, nk, dv), drawn in that order.
 
     ``rng``: a numpy Generator, or a seed for a fresh one.  ``dv`` is ``d`` unless given.  ``q_scale``
-    and ``k_scale`` widen q and k before the cast (scores far from 0: softcap, overflow, fp8 scaling).
+    and ``k_scale`` widen q and k before the cast (scores far from 0: a softcap that bites, overflow).
     """
     rng = np.random.default_rng(rng)
     dv = d if dv is None else dv
@@ -74,11 +74,6 @@ def attention_problems(draw, batch=st.integers(0, 2), seqlen=st.integers(0, 9), 
 
 # -- the markers ----------------------------------------------------------------------------------
 
-SANDBOX_MISSING = "no bubblewrap sandbox here (.ci/run installs it: apt-get install bubblewrap)"
-CHROMIUM_MISSING = (f"real-browser test skipped: {CHROMIUM} not found "
-                    "(install Debian's 'chromium' package; .ci/run does)")
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_sandbox: skip unless the grader's bubblewrap sandbox starts here")
     config.addinivalue_line("markers", "needs_root(why): skip unless the tests run as root; why says what needs it")
@@ -89,11 +84,12 @@ def pytest_configure(config):
 def pytest_runtest_setup(item):
     """Skip before the test's fixtures are set up (a module's graded batch is not run for nothing)."""
     if item.get_closest_marker("needs_chromium") and not os.path.exists(CHROMIUM):
-        pytest.skip(CHROMIUM_MISSING)
+        pytest.skip(f"real-browser test skipped: {CHROMIUM} not found (install Debian's 'chromium' package; "
+                    ".ci/run does)")
     root = item.get_closest_marker("needs_root")
     if root and (sys.platform != "linux" or os.geteuid() != 0):
         pytest.skip(f"needs root: {root.args[0]}")
     if item.get_closest_marker("needs_sandbox"):
         from course_lib.grading import sandbox
         if not sandbox.available():
-            pytest.skip(SANDBOX_MISSING)
+            pytest.skip("no bubblewrap sandbox here (.ci/run installs it: apt-get install bubblewrap)")
