@@ -10,6 +10,7 @@ import numpy as np
 import course_lib
 from course_lib import checks
 from course_lib.kernels import backward_numba_cuda as bk
+from conftest import make_qkv
 from cuda_steps_sim import verdict   # one verdict line for both simulator runners
 
 # name: (B, H, Hk, Nq, Nk, D, Dv, options)
@@ -26,9 +27,7 @@ CASES = {
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, options, seed):
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, H, Nq, D)).astype(np.float32)
-    k = rng.standard_normal((B, Hk, Nk, D)).astype(np.float32)
-    v = rng.standard_normal((B, Hk, Nk, Dv)).astype(np.float32)
+    q, k, v = make_qkv(rng, B, H, Hk, Nq, Nk, D, Dv, np.float32)
     out, lse = course_lib.attention(q, k, v, impl="reference", return_lse=True, **options)
     dout = rng.standard_normal(out.shape).astype(np.float32)
     return q, k, v, out.astype(np.float32), lse.astype(np.float32), dout

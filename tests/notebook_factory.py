@@ -5,24 +5,20 @@ CONTRIBUTING.md: a function answer (1.1), a function with two marker regions
 (1.2) and a top-level value (1.3), each followed by its check cell.  It runs
 in a second, so the grading tests can afford many kernels.  ``make_course``
 lays out ``solutions/``, executes them and writes ``exercises/`` the way
-``make notebooks`` does.  ``ExerciseSet`` and ``check_tests`` run a real
-solution's exercises with planted mistakes (tests/test_exercise_NN_checks.py).
+``make notebooks`` does.
 """
 from __future__ import annotations
 
 import copy
-import functools
-import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_lib.grading import authoring
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SYNTHETIC = "90_synthetic"
 
 
@@ -140,131 +136,3 @@ def with_answers(exercise_nb, solution_nb, exercises):
         for answer in cells(nb, "answer", name):
             answer.source = cell(solution_nb, answer.id).source
     return nb
-
-
-# -- running one exercise of a real solution, with a planted mistake ----------------------
-
-@dataclass(frozen=True)
-class SolutionCells:
-    """A solution notebook's code cells by id, and its answer and check cell ids by exercise."""
-
-    by_id: dict
-    answers: dict
-    checks: dict
-
-    @classmethod
-    def read(cls, path):
-        nb = nbformat.read(path, as_version=4)
-        by_exercise = {tag: {cell.metadata["course"]["exercise"]: cell.id for cell in nb.cells
-                             if tag in cell.metadata.get("tags", [])} for tag in ("answer", "check")}
-        return cls({cell.id: cell.source for cell in nb.cells if cell.cell_type == "code"},
-                   by_exercise["answer"], by_exercise["check"])
-
-    def run(self, namespace, exercise, edit=None, before=()):
-        """Run ``before`` cells, exercise's answer (with ``edit`` = (old, new) applied) and its check in ``namespace``."""
-        for cell_id in before:  # cells the exercise builds on
-            exec(self.by_id[cell_id], namespace)
-        source = self.by_id[self.answers[exercise]]
-        if edit is not None:
-            old, new = edit
-            assert old in source, f"the edit must change the solution: {old!r} not in it"
-            source = source.replace(old, new)
-        exec(source, namespace)
-        exec(self.by_id[self.checks[exercise]], namespace)
-
-
-class ExerciseSet:
-    """One solution notebook's exercises, each run on its own with or without a planted mistake.
-
-    ``setup``: the cell ids every case runs first (the answers' imports, then the
-    course cell the checks use); the answers' setup cell may switch numba to its
-    simulator for the notebook (set 09), and this process keeps its own environment.
-    ``before``: {exercise: cells it builds on}, each a cell id or an exercise whose
-    answer runs first.  ``fresh``: run the setup again for every case (where a setup
-    cell holds state the checks draw from, a generator); else once, and each case
-    gets a copy of its names.
-    """
-
-    def __init__(self, path, setup, before=None, fresh=False):
-        self.path, self.setup, self.before, self.fresh = Path(path), tuple(setup), dict(before or {}), fresh
-        self._namespace = None
-
-    @functools.cached_property
-    def cells(self) -> SolutionCells:
-        return SolutionCells.read(self.path)
-
-    def _run_setup(self):
-        namespace, keep = {}, os.environ.get("NUMBA_ENABLE_CUDASIM")
-        for cell_id in self.setup:
-            try:
-                exec(self.cells.by_id[cell_id], namespace)
-            finally:
-                if keep is None:
-                    os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
-                else:
-                    os.environ["NUMBA_ENABLE_CUDASIM"] = keep
-        return namespace
-
-    def namespace(self) -> dict:
-        """The names the setup cells leave, fresh or a copy of the first run's."""
-        if self.fresh:
-            return self._run_setup()
-        if self._namespace is None:
-            self._namespace = self._run_setup()
-        return dict(self._namespace)
-
-    def prepared(self, exercise) -> dict:
-        """A namespace with the setup and the cells ``exercise`` builds on run."""
-        namespace = self.namespace()
-        for item in self.before.get(exercise, ()):
-            exec(self.cells.by_id[self.cells.answers.get(item, item)], namespace)
-        return namespace
-
-    def run(self, exercise, edit=None, namespace=None):
-        """``exercise``'s answer (``edit`` = (old, new) applied) and its check, in ``namespace`` or a prepared one."""
-        self.cells.run(self.prepared(exercise) if namespace is None else namespace, exercise, edit)
-
-
-def check_tests(exercises: ExerciseSet, wrong: dict, *, errors=None, flagged_prints=None):
-    """The two tests every exercise set has, for a test module to bind at its top level:
-
-        test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = \\
-            nf.check_tests(EXERCISES, WRONG)
-
-    ``wrong``: {exercise: [edit, ...]}, an edit being (old, new), or ((old, new), flagged)
-    where a flagged mistake's FAIL output must also hold ``flagged_prints`` (set 09's
-    "cudacheck found": a race must be caught by the checker, not by luck in the numbers).
-    The solution's answer and check print no FAIL line; a wrong answer's check raises
-    ``checks.CheckFailed`` after printing its FAIL line, or, where ``errors`` ({exercise:
-    exception types}) allows, another error the answer ran into.  Output of the setup and
-    the cells an exercise builds on (a colleague's buggy cell prints FAIL) is left out.
-    """
-    import pytest
-
-    from course_lib import checks
-
-    errors = errors or {}
-    cases = [(exercise, edit) for exercise, edits in wrong.items() for edit in edits]
-    ids = [f"{exercise}-{i}" for exercise, edits in wrong.items() for i in range(len(edits))]
-
-    @pytest.mark.parametrize("exercise", sorted(wrong))
-    def test_the_solution_passes_its_check(exercise, capsys):
-        namespace = exercises.prepared(exercise)
-        capsys.readouterr()
-        exercises.run(exercise, namespace=namespace)
-        assert "FAIL" not in capsys.readouterr().out
-
-    @pytest.mark.parametrize("exercise,edit", cases, ids=ids)
-    def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-        edit, flagged = edit if isinstance(edit[0], tuple) else (edit, False)
-        namespace = exercises.prepared(exercise)
-        capsys.readouterr()
-        with pytest.raises((checks.CheckFailed, *errors.get(exercise, ()))) as caught:
-            exercises.run(exercise, edit, namespace=namespace)
-        out = capsys.readouterr().out
-        if caught.type is checks.CheckFailed:
-            assert "FAIL" in out, out
-        if flagged:
-            assert flagged_prints in out, out
-
-    return test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check

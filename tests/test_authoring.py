@@ -7,10 +7,11 @@ import pytest
 from nbformat.v4 import new_code_cell, new_output
 
 import notebook_factory as nf
+from conftest import REPO
 from course_lib.grading import authoring
 from course_lib.grading.authoring import AuthoringError, make_exercise, stub_source
 
-REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
+REAL_SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
 
 
 def with_fake_outputs(nb):
@@ -192,14 +193,14 @@ def test_execute_reports_a_failing_notebook(tmp_path, capsys):
 
 def test_exercises_are_in_step_with_solutions():
     """`make exercises` was run and committed after the last change to solutions/."""
-    stale = [str(p.relative_to(nf.REPO)) for p in authoring.stale(nf.REPO)]
+    stale = [str(p.relative_to(REPO)) for p in authoring.stale(REPO)]
     assert stale == [], f"out of step with solutions/: {stale}; run `make exercises` and commit exercises/"
 
 
 @pytest.mark.parametrize("path", REAL_SOLUTIONS, ids=lambda p: p.stem)
 def test_real_solutions_follow_the_conventions(path):
     solution = nf.read(path)
-    exercise = make_exercise(solution, path.relative_to(nf.REPO))
+    exercise = make_exercise(solution, path.relative_to(REPO))
     assert len(nf.cells(exercise, "answer")) >= 1
     for cell in nf.cells(exercise, "answer"):
         assert "NotImplementedError" in cell.source and "BEGIN SOLUTION" not in cell.source
@@ -208,7 +209,7 @@ def test_real_solutions_follow_the_conventions(path):
         assert cell.outputs and cell.execution_count, f"check cell {cell.id} has no stored output: execute the solution"
 
 
-REAL_EXERCISES = sorted((nf.REPO / "exercises").glob("*.ipynb"))
+REAL_EXERCISES = sorted((REPO / "exercises").glob("*.ipynb"))
 
 
 def measurement_cells(nb):

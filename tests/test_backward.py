@@ -13,6 +13,7 @@ import course_lib
 from course_lib import checks
 from course_lib.core.backward_options import call_backward
 from course_lib.core.reference_backward import backward_math
+from conftest import attention_problems, make_qkv
 
 IMPLS = [name for name in course_lib.available_backward_impls() if name != "reference"]
 SLOPES4 = np.array([0.3, 0.1, 0.2, 0.4])
@@ -27,9 +28,9 @@ CASES = {
 }
 
 
-def problem(rng, B=2, H=4, Hk=2, Nq=37, Nk=29, D=16, Dv=12, dtype=np.float64, **options):
+def problem(rng, batch=2, heads=4, heads_k=2, nq=37, nk=29, d=16, dv=12, dtype=np.float64, **options):
     """q, k, v, dout and the forward's out, lse (float64 forward, then cast: a fair start for every dtype)."""
-    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((B, H, Nq, D), (B, Hk, Nk, D), (B, Hk, Nk, Dv)))
+    q, k, v = make_qkv(rng, batch, heads, heads_k, nq, nk, d, dv, dtype)
     out, lse = course_lib.attention(q, k, v, return_lse=True, **options)
     dout = rng.standard_normal(out.shape).astype(dtype)
     return q, k, v, out, lse, dout
@@ -66,7 +67,7 @@ def _loss(q, k, v, w, **options):
 def test_the_float64_gradient_is_the_finite_difference_of_the_forward(case):
     options = CASES[case]
     rng = np.random.default_rng(2)
-    q, k, v, out, lse, w = problem(rng, B=1, H=4, Hk=2, Nq=5, Nk=6, D=3, Dv=2, **options)
+    q, k, v, out, lse, w = problem(rng, batch=1, heads=4, heads_k=2, nq=5, nk=6, d=3, dv=2, **options)
     grads = course_lib.attention_backward(q, k, v, out, lse, w, impl="reference", **options)
     h = 1e-6
     for which, grad in enumerate(grads):
@@ -161,7 +162,7 @@ def test_the_gradient_rule_fails_planted_mistakes(bug, dtype):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_rows_that_see_no_key_get_zero_gradient(impl):
     """Bottom-right causal with Nq > Nk: the first Nq - Nk rows see no key."""
-    q, k, v, out, lse, dout = problem(np.random.default_rng(5), Nq=20, Nk=8, causal=True, block_q=4, block_k=4)
+    q, k, v, out, lse, dout = problem(np.random.default_rng(5), nq=20, nk=8, causal=True, block_q=4, block_k=4)
     dq, dk, dv = course_lib.attention_backward(q, k, v, out, lse, dout, impl=impl, causal=True, block_q=4, block_k=4)
     assert np.all(dq[:, :, :12] == 0) and np.all(np.isfinite(dq))
     checks.check_attention_backward((dq, dk, dv), q, k, v, out, lse, dout, causal=True)
@@ -190,7 +191,7 @@ def test_varlen_backward_is_the_dense_backward_of_each_sequence(impl):
 @pytest.mark.parametrize("impl", ["flash_numba_cpu", "flash_numba_cpu_dq_pass"])
 def test_the_compiled_gradient_does_not_depend_on_the_number_of_threads(impl):
     """dQ from per-thread partials or from a second pass: no race, whatever the threads."""
-    q, k, v, out, lse, dout = problem(np.random.default_rng(7), Nq=90, Nk=70, dtype=np.float32, causal=True,
+    q, k, v, out, lse, dout = problem(np.random.default_rng(7), nq=90, nk=70, dtype=np.float32, causal=True,
                                       block_q=16, block_k=16)
     threads = numba.get_num_threads()
     try:
@@ -206,7 +207,7 @@ def test_the_compiled_gradient_does_not_depend_on_the_number_of_threads(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_nan_in_dout_reaches_the_gradients_it_touches(impl):
     """A NaN in row i of dO: dq row i and the dk, dv rows of every key row i sees are NaN."""
-    q, k, v, out, lse, dout = problem(np.random.default_rng(8), H=2, Hk=2, Nq=12, Nk=12)
+    q, k, v, out, lse, dout = problem(np.random.default_rng(8), heads=2, heads_k=2, nq=12, nk=12)
     dout[0, 1, 5, 0] = np.nan
     dq, dk, dv = course_lib.attention_backward(q, k, v, out, lse, dout, impl=impl, causal=True)
     assert np.isnan(dq[0, 1, 5]).all() and np.isnan(dv[0, 1, :6]).any(axis=-1).all()
@@ -216,11 +217,11 @@ def test_nan_in_dout_reaches_the_gradients_it_touches(impl):
 
 def test_empty_problems_give_empty_or_zero_gradients():
     rng = np.random.default_rng(9)
-    q, k, v = rng.standard_normal((1, 2, 0, 4)), rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 2, 3, 4))
+    q, k, v = make_qkv(rng, 1, 2, 2, 0, 3, 4)
     out, lse = course_lib.attention(q, k, v, return_lse=True)
     grads = course_lib.attention_backward(q, k, v, out, lse, out)
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape] and np.all(grads[1] == 0)
-    q, k, v = rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 2, 0, 4)), rng.standard_normal((1, 2, 0, 4))
+    q, k, v = make_qkv(rng, 1, 2, 2, 3, 0, 4)
     out, lse = course_lib.attention(q, k, v, return_lse=True)
     dq, _, _ = course_lib.attention_backward(q, k, v, out, lse, np.ones_like(out))
     assert np.all(dq == 0)
@@ -229,7 +230,7 @@ def test_empty_problems_give_empty_or_zero_gradients():
 # -- bad input ----------------------------------------------------------------------
 
 def _bad(mutate, **options):
-    q, k, v, out, lse, dout = problem(np.random.default_rng(10), Nq=10, Nk=6, **options)
+    q, k, v, out, lse, dout = problem(np.random.default_rng(10), nq=10, nk=6, **options)
     args = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout)
     mutate(args)
     return args, options
@@ -274,23 +275,15 @@ def test_bad_options_are_refused_as_the_forward_refuses_them():
 
 # -- a property over random shapes and masks -------------------------------------------
 
-@st.composite
-def problems(draw):
-    heads_k = draw(st.integers(1, 2))
-    heads = heads_k * draw(st.integers(1, 3))
-    shape = dict(B=1, H=heads, Hk=heads_k, Nq=draw(st.integers(1, 30)), Nk=draw(st.integers(1, 30)),
-                 D=draw(st.integers(1, 17)), Dv=draw(st.integers(1, 9)))
-    options = dict(causal=draw(st.booleans()), causal_align=draw(st.sampled_from(["bottom_right", "top_left"])),
-                   window_size=(draw(st.integers(-1, 6)), draw(st.integers(-1, 6))),
-                   softcap=draw(st.sampled_from([0.0, 2.0])),
-                   block_q=draw(st.integers(1, 16)), block_k=draw(st.integers(1, 16)))
-    if draw(st.booleans()):
-        options["alibi_slopes"] = np.linspace(0.05, 0.7, heads)
-    return shape, options, draw(st.sampled_from([np.float64, np.float32])), draw(st.integers(0, 2 ** 16))
+# one batch, GQA, tails, every mask and tile size, in float64 and float32
+PROBLEMS = attention_problems(batch=st.just(1), seqlen=st.integers(1, 30), head_dim=st.integers(1, 17),
+                              head_dim_v=st.integers(1, 9), heads_k=st.integers(1, 2), window=st.integers(-1, 6),
+                              softcap=st.sampled_from([0.0, 2.0]), block=st.integers(1, 16),
+                              alibi=st.sampled_from([None, "heads"]), dtype=st.sampled_from([np.float64, np.float32]))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=problems())
+@given(case=PROBLEMS)
 def test_tiled_backwards_match_the_float64_gradient_on_random_problems(case):
     shape, options, dtype, seed = case
     q, k, v, out, lse, dout = problem(np.random.default_rng(seed), dtype=dtype, **shape, **options)
@@ -307,7 +300,7 @@ def test_tiled_backwards_match_the_float64_gradient_on_random_problems(case):
 def test_the_counted_backward_moves_what_the_model_says(schedule, case):
     from course_lib.backward.traffic import backward_io, run_counted_backward
     for dtype, (Nq, Nk, Hk) in ((np.float32, (37, 29, 1)), (np.float16, (64, 70, 2)), (np.float64, (33, 65, 1))):
-        q, k, v, out, lse, dout = problem(np.random.default_rng(11), H=2, Hk=Hk, Nq=Nq, Nk=Nk, D=16, Dv=8,
+        q, k, v, out, lse, dout = problem(np.random.default_rng(11), heads=2, heads_k=Hk, nq=Nq, nk=Nk, d=16, dv=8,
                                           dtype=dtype, **case)
         counted = run_counted_backward(q, k, v, out, lse, dout, schedule=schedule, block_q=16, block_k=16, **case)
         model = backward_io(2, 2, Nq, Nk, 16, 8, dtype=np.dtype(dtype).name, schedule=schedule,

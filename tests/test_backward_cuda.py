@@ -5,21 +5,19 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import course_lib
 from course_lib.kernels import backward_numba_cuda as bk
-
-HERE = Path(__file__).resolve().parent
+from conftest import REPO
 
 
 @pytest.fixture(scope="module")
 def verdicts():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(HERE.parent)}
-    result = subprocess.run([sys.executable, str(HERE / "backward_cuda_sim.py")], capture_output=True, text=True,
-                            env=env, timeout=900)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(REPO / "tests" / "backward_cuda_sim.py")], capture_output=True,
+                            text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

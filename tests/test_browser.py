@@ -28,23 +28,16 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
+from conftest import CHROMIUM, CHROMIUM_ARGS, REPO
+
 LECTURES = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
 EXERCISE = "01_naive_attention.ipynb"  # the stored exercise notebook opened as a learner first sees it
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
 SERVER_START_S = 120  # generous: the machine running the tests may be slow and busy
 RUN_ALL_S = 400  # chapter 09 runs CUDA kernels in the simulator
 SLIDER_S = 120
 
-pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"real-browser test skipped: {CHROMIUM} not found "
-                              "(install Debian's 'chromium' package; .ci/run does)"),
-    pytest.mark.timeout(900),
-]
+pytestmark = [pytest.mark.needs_chromium, pytest.mark.timeout(900)]
 
 
 def _free_port() -> int:

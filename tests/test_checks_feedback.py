@@ -10,6 +10,7 @@ import pytest
 
 import course_lib
 from course_lib import checks
+from conftest import make_qkv
 
 
 def report(call):
@@ -27,8 +28,7 @@ def test_a_plain_array_failure_says_nothing_of_tiles(capsys):
 
 
 def test_an_attention_failure_names_the_query_row_and_tile(capsys):
-    rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal((1, 2, 70, 8)) for _ in range(3))
+    q, k, v = make_qkv(1, 1, 2, 2, 70, 70, 8)
     out = course_lib.attention(q, k, v)
     out[0, 1, 66] += 1  # one row of the second query tile of 64
     report(lambda: checks.check_attention(out, q, k, v, name="att", block_q=64))
@@ -38,8 +38,7 @@ def test_an_attention_failure_names_the_query_row_and_tile(capsys):
 
 
 def test_an_answer_without_tiles_is_told_its_row_and_no_tile(capsys):
-    rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal((1, 2, 70, 8)) for _ in range(3))
+    q, k, v = make_qkv(1, 1, 2, 2, 70, 70, 8)
     out = course_lib.attention(q, k, v)
     out[0, 1, 66] += 1
     report(lambda: checks.check_attention(out, q, k, v, name="att"))
@@ -49,8 +48,7 @@ def test_an_answer_without_tiles_is_told_its_row_and_no_tile(capsys):
 
 
 def test_the_lse_tile_is_read_from_its_last_axis(capsys):
-    rng = np.random.default_rng(2)
-    q, k, v = (rng.standard_normal((1, 3, 40, 8)) for _ in range(3))
+    q, k, v = make_qkv(2, 1, 3, 3, 40, 40, 8)
     out, lse = course_lib.attention(q, k, v, return_lse=True)
     lse[0, 2, 33] += 1
     report(lambda: checks.check_attention(out, q, k, v, name="att", lse=lse, block_q=16))
@@ -74,10 +72,8 @@ def test_the_relative_error_is_that_of_the_elements_off(capsys):
 
 
 def test_a_gqa_head_mapping_mistake_shows_as_the_wrong_heads(capsys):
-    rng = np.random.default_rng(3)
     H, Hk = 6, 2
-    q = rng.standard_normal((2, H, 37, 16))
-    k, v = rng.standard_normal((2, Hk, 45, 16)), rng.standard_normal((2, Hk, 45, 8))
+    q, k, v = make_qkv(3, 2, H, Hk, 37, 45, 16, 8)
     interleaved = [h % Hk for h in range(H)]  # the mistake: h % Hk instead of h // (H // Hk)
     wrong = course_lib.attention(q, k[:, interleaved], v[:, interleaved])
     report(lambda: checks.check_attention(wrong, q, k, v, name="gqa"))

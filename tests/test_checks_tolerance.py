@@ -6,16 +6,12 @@ import pytest
 
 import course_lib
 from course_lib import checks
-from inputs import make_qkv
+from conftest import make_qkv
 
 
 def _fa_softcap_inputs():
     """FlashAttention's own softcap test inputs: softcap 50, q scaled by softcap / 4, causal."""
-    rng = np.random.default_rng(5)
-    q = (rng.standard_normal((1, 2, 64, 256)) * 12.5).astype(np.float32)
-    k = rng.standard_normal((1, 2, 1024, 256)).astype(np.float32)
-    v = rng.standard_normal((1, 2, 1024, 256)).astype(np.float32)
-    return (q, k, v), dict(softcap=50.0, causal=True)
+    return make_qkv(5, 1, 2, 2, 64, 1024, 256, dtype=np.float32, q_scale=12.5), dict(softcap=50.0, causal=True)
 
 
 def test_fixed_float32_bounds_reject_correct_kernels_on_fa_input():

@@ -36,16 +36,14 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import CHROMIUM, CHROMIUM_ARGS, REPO
+
 sys.path.insert(0, str(REPO / "classroom"))
 import coursework  # noqa: E402  (the instructor's commands; stdlib only)
 import machine  # noqa: E402
 import service  # noqa: E402
 
 SET = "01_naive_attention"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
 SPAWN_S = 180
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -306,9 +304,8 @@ def _probe(hub, name, kernel, targets):
     return json.loads(re.search(r"^PROBE (.*)$", out, re.M).group(1))
 
 
+@pytest.mark.needs_chromium
 def test_a_learner_logs_in_in_chromium_and_chapter_00_opens(hub):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"browser part skipped: {CHROMIUM} not found (Debian's 'chromium'; .ci/run installs it)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="browser part skipped: playwright missing")
     name = hub.names[0]
     ARTIFACTS.mkdir(exist_ok=True)

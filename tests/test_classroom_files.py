@@ -8,7 +8,6 @@ classroom/README.md; the hub itself is tests/test_classroom.py.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
@@ -21,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
+
 CLASSROOM = REPO / "classroom"
 sys.path.insert(0, str(CLASSROOM))
 import coursework  # noqa: E402
@@ -211,8 +211,7 @@ def test_every_interface_is_printed_as_this_machines_address():
     assert service.local_url({"ip": "0.0.0.0", "port": 8000}) == "http://127.0.0.1:8000"
 
 
-@pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
-                    reason="needs root: the search runs as an unprivileged account")
+@pytest.mark.needs_root("the search runs as an unprivileged account")
 def test_every_copy_of_the_solutions_a_learner_could_read_is_named():
     top = Path(tempfile.mkdtemp(prefix="flash-seek-", dir="/tmp"))
     try:

@@ -9,7 +9,7 @@ import pytest
 import course_lib
 from course_lib.core import conventions
 from course_lib.core.options import AttentionOptions
-from inputs import make_qkv
+from conftest import make_qkv
 
 
 def test_fa2_causal_alibi_keeps_the_output_and_shifts_the_lse():

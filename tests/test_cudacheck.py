@@ -5,7 +5,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -15,8 +14,8 @@ from numba import cuda, float32
 from course_lib import cudacheck
 from course_lib.cudacheck.corpus import CASES
 from course_lib.cudacheck.sanitizer_record import RECORD, TOOLS, comparison_table, load_record
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(c, variant):
@@ -226,7 +225,7 @@ def test_the_kernel_objects_of_numbas_simulator_are_checked_too():
         "print(type(k).__name__, sorted(cudacheck.check(k, 1, 32, np.ones(32, np.float32), np.ones(32, np.float32)).kinds))\n"
     )
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True)
     assert out.stdout.strip() == "FakeCUDAKernel ['race']"
 
 
@@ -234,7 +233,7 @@ def test_cudacheck_imports_alone_as_the_kernel_sandbox_holds_it():
     """The kernel sandbox binds the package beside its worker: no course_lib and no numba around it."""
     code = (
         "import sys\n"
-        f"sys.path.insert(0, {str(ROOT / 'course_lib')!r})\n"
+        f"sys.path.insert(0, {str(REPO / 'course_lib')!r})\n"
         "import numpy as np\n"
         "import cudacheck\n"
         "cuda = cudacheck.STANDIN\n"
@@ -447,7 +446,7 @@ def test_the_table_shows_date_versions_and_what_the_sanitizer_missed():
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("sanitizer_corpus", ROOT / "benchmarks" / "sanitizer_corpus.py")
+    spec = importlib.util.spec_from_file_location("sanitizer_corpus", REPO / "benchmarks" / "sanitizer_corpus.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -8,6 +8,7 @@ import course_lib
 from course_lib.bench import envreport
 from course_lib.core import machine
 from course_lib.models import memory
+from conftest import make_qkv
 
 
 # -- the environment report ------------------------------------------------------
@@ -98,7 +99,7 @@ def test_naive_peak_bytes_grow_like_n_squared_as_modelled():
     sizes = (256, 512, 1024)
     peaks = []
     for n in sizes:
-        q, k, v = (rng.standard_normal((1, heads, n, head_dim)) for _ in range(3))
+        q, k, v = make_qkv(rng, 1, heads, heads, n, n, head_dim)
         peaks.append(memory.peak_bytes(course_lib.attention, q, k, v, impl="naive"))
     for n, peak in zip(sizes, peaks):
         s = memory.score_bytes(1, heads, n, dtype=np.float64)

@@ -8,6 +8,7 @@ import pytest
 import course_lib
 from course_lib import checks, kernels
 from course_lib.core.varlen import pack, unpack
+from conftest import make_qkv
 
 # The CUDA impls run in a simulator here, a Python thread per CUDA thread, and take float32 only:
 # they have their own small loops (tests/test_flash_numba_cuda.py, tests/test_cuda_steps.py).
@@ -41,9 +42,7 @@ def test_varlen_equals_each_sequence_alone_with_empty_sequences(impl, causal):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_read_only_inputs_are_accepted_and_left_untouched(impl):
-    rng = np.random.default_rng(12)
-    q, k, v = checks.readonly(rng.standard_normal((2, 4, 37, 16)), rng.standard_normal((2, 2, 45, 16)),
-                              rng.standard_normal((2, 2, 45, 8)))
+    q, k, v = checks.readonly(*make_qkv(12, 2, 4, 2, 37, 45, 16, 8))
     slopes = checks.readonly(np.array([0.1, 0.2, 0.3, 0.4]))
     before = [x.copy() for x in (q, k, v, slopes)]
     course_lib.attention(q, k, v, impl=impl, causal=True, softcap=3.0, alibi_slopes=slopes,
@@ -53,8 +52,7 @@ def test_read_only_inputs_are_accepted_and_left_untouched(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_nan_in_one_query_row_changes_only_that_row(impl):
-    rng = np.random.default_rng(13)
-    q, k, v = rng.standard_normal((1, 2, 40, 16)), rng.standard_normal((1, 2, 40, 16)), rng.standard_normal((1, 2, 40, 8))
+    q, k, v = make_qkv(13, 1, 2, 2, 40, 40, 16, 8)
     clean = course_lib.attention(q, k, v, impl=impl, causal=True, block_q=16, block_k=16)
     q[0, 1, 21, 3] = np.nan
     out = course_lib.attention(q, k, v, impl=impl, causal=True, block_q=16, block_k=16)

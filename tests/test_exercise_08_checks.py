@@ -4,14 +4,11 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 BUGGY = "s08-19"  # 8.5's given cell: the colleague's kernel and run_plan
 # the setup runs once: its compiled rules are compiled once for every case
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "08_numba_cpu.ipynb",
-                           setup=["setup-answers", "s08-02"], before={"8.5": [BUGGY]})
+EXERCISES = ExerciseSet("08_numba_cpu", setup=["setup-answers", "s08-02"], before={"8.5": [BUGGY]})
 
 WRONG = {
     "8.1": [("total += last_row // Bc + 1", "total += r0 // Br + 1"),            # Tr (Tr + 1) / 2: square tiles only
@@ -40,4 +37,4 @@ WRONG = {
             (" + 4 * n   # Q;", "   # Q;"),                                                  # lse forgotten in the traffic
             ("npu_dram_bytes = npu_traffic(npu_tile[0])", "npu_dram_bytes = npu_traffic(npu_tile[1])")],  # Bc taken for Br
 }
-test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = check_tests(EXERCISES, WRONG)

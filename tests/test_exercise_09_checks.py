@@ -5,15 +5,12 @@ would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  Where the mistake is a race, a barrier that
 not every thread reaches or an access out of bounds, the FAIL line must be
 cudacheck's: a kernel must not pass, or fail only on its numbers, by luck."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 CUDACHECK = "cudacheck found"   # what cuda_check prints when cudacheck flags a kernel
 BEFORE = {"9.8": ["s09-28"]}  # the two kernels of chapter 09 that 9.8's check measures
 # the setup runs once (numba is already imported here; cudacheck runs either kind of kernel)
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "09_numba_cuda.ipynb",
-                           setup=["setup-answers", "s09-03"], before=BEFORE)
+EXERCISES = ExerciseSet("09_numba_cuda", setup=["setup-answers", "s09-03"], before=BEFORE)
 
 
 # (exercise, (old, new), True when cudacheck must be the one to fail it)
@@ -69,4 +66,4 @@ WRONG = {
             (("return Nq * Nk * D                       # q[h", "return Nq * D  # q[h"), False)],  # q read once per row
 }
 test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = \
-    nf.check_tests(EXERCISES, WRONG, flagged_prints=CUDACHECK)
+    check_tests(EXERCISES, WRONG, flagged_prints=CUDACHECK)

@@ -5,16 +5,13 @@ would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  Where the mistake is a race, an access out of
 bounds or a barrier, the FAIL line must be cudacheck's: the prefetching kernel
 must not pass, or fail only on its numbers, by luck."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 CUDACHECK = "cudacheck found"   # what cuda_check prints when cudacheck flags a kernel
 # the cells an exercise builds on: 10.1 measures the course's tile kernel; 10.7 uses 10.1's and 10.2's answers
 BEFORE = {"10.1": ["s10-05"], "10.7": ["s10-06", "s10-11"]}
 # the setup runs once (numba is already imported here; cudacheck runs either kind of kernel)
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "10_gpu_performance.ipynb",
-                           setup=["setup-answers", "s10-03"], before=BEFORE)
+EXERCISES = ExerciseSet("10_gpu_performance", setup=["setup-answers", "s10-03"], before=BEFORE)
 
 
 # (exercise, (old, new), True when cudacheck must be the one to fail it)
@@ -66,4 +63,4 @@ WRONG = {
              (("if best is None or cost < best[0]:", "if best is None or cost > best[0]:"), False)],  # the most loads
 }
 test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = \
-    nf.check_tests(EXERCISES, WRONG, flagged_prints=CUDACHECK)
+    check_tests(EXERCISES, WRONG, flagged_prints=CUDACHECK)

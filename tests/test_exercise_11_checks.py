@@ -4,13 +4,10 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make (an edit of the solution's own source), and runs the setup, the
 cells the exercise builds on, the answer and its check in one namespace: the
 check must raise CheckFailed."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 BEFORE = {"11.6": ["s11-22"], "11.8": ["s11-04", "s11-18", "s11-29"]}  # the course cells and earlier answers used
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "11_low_precision.ipynb",
-                           setup=["setup-answers", "s11-02"], before=BEFORE, fresh=True)
+EXERCISES = ExerciseSet("11_low_precision", setup=["setup-answers", "s11-02"], before=BEFORE, fresh=True)
 
 
 WRONG = {
@@ -49,4 +46,4 @@ WRONG = {
              ("predicted = 1.5 * float(np.abs(out - exact).max())",
               "predicted = 1.5 * float(np.abs(out - exact).mean())")],                   # the mean, not the max
 }
-test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = check_tests(EXERCISES, WRONG)

@@ -4,14 +4,11 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 # the cells an exercise builds on: the given buggy functions, and 12.7 on 12.4's answer
 BEFORE = {"12.5": ["s12-17"], "12.6": ["s12-17", "s12-21"], "12.7": ["s12-13"]}
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "12_backward.ipynb",
-                           setup=["setup-answers", "s12-02"], before=BEFORE, fresh=True)
+EXERCISES = ExerciseSet("12_backward", setup=["setup-answers", "s12-02"], before=BEFORE, fresh=True)
 ERRORS = {"12.1": (FloatingPointError,)}   # 12.1's wrong D divides 0 by 0 on an empty row, under errstate
 
 WRONG = {
@@ -45,4 +42,4 @@ WRONG = {
               "key=lambda t: backward_sram_bytes(*t, 64)")],                                          # smallest, not cheapest
 }
 test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = \
-    nf.check_tests(EXERCISES, WRONG, errors=ERRORS)
+    check_tests(EXERCISES, WRONG, errors=ERRORS)

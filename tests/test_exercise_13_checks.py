@@ -3,13 +3,10 @@
 Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make (an edit of the solution's own source), and runs the setup, the
 answer and its check cell in one namespace: the check must raise CheckFailed."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 BEFORE = {"13.4": ["s13-buggy"], "13.7": ["s13-buggy-causal"]}
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "13_inference.ipynb",
-                           setup=["setup-answers", "s13-course"], before=BEFORE, fresh=True)
+EXERCISES = ExerciseSet("13_inference", setup=["setup-answers", "s13-course"], before=BEFORE, fresh=True)
 
 
 WRONG = {
@@ -40,4 +37,4 @@ WRONG = {
 }
 ERRORS = {exercise: (ValueError, IndexError) for exercise in WRONG}   # a wrong slot or head index may raise first
 test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = \
-    nf.check_tests(EXERCISES, WRONG, errors=ERRORS)
+    check_tests(EXERCISES, WRONG, errors=ERRORS)

@@ -4,13 +4,10 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-from pathlib import Path
+from exercise_checks import ExerciseSet, check_tests
 
-import notebook_factory as nf
-
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "14_parallel.ipynb",
-                           setup=["setup-answers", "course-setup"], fresh=True,
-                           before={"14.5": ["ex14-5-given"], "14.6": ["ex14-6-given"], "14.7": ["14.3", "14.4"]})
+EXERCISES = ExerciseSet("14_parallel", setup=["setup-answers", "course-setup"], fresh=True,
+                        before={"14.5": ["ex14-5-given"], "14.6": ["ex14-6-given"], "14.7": ["14.3", "14.4"]})
 
 
 WRONG = {
@@ -43,4 +40,4 @@ WRONG = {
              ("seconds = (4 * (u - 1) + (r - 1)) * alpha + sent / beta",
               "seconds = sent / beta")],                                                             # latency forgotten
 }
-test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = check_tests(EXERCISES, WRONG)

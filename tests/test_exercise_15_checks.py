@@ -4,13 +4,10 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
 the check must raise CheckFailed.  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 BUGGY = "s15-16"  # 15.5's given cell: the colleague's schedule and the overwrite finder
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "15_edge.ipynb",
-                           setup=["setup-answers", "s15-02"], before={"15.5": [BUGGY]})
+EXERCISES = ExerciseSet("15_edge", setup=["setup-answers", "s15-02"], before={"15.5": [BUGGY]})
 
 
 WRONG = {
@@ -47,7 +44,7 @@ WRONG = {
               "key=lambda o: npu_footprint(o[0], o[1], npu[\"head_dim\"], o[2])"),                  # the smallest tile: "it fits"
              ("for b in (1, 2, 3)\n", "for b in (1,)\n")],                                          # no double buffering
 }
-test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = check_tests(EXERCISES, WRONG)
 
 
 def test_the_colleagues_schedule_overwrites_a_buffer_only_when_compute_bound(capsys):

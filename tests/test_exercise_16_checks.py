@@ -4,14 +4,11 @@ Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answers it builds on and its check cell in
 one namespace: the check must raise CheckFailed.  The mistakes are edits of the
 solution's own source, so each differs from a right answer in exactly the way named."""
-from pathlib import Path
-
-import notebook_factory as nf
+from exercise_checks import ExerciseSet, check_tests
 
 HELPERS = "s16-02"   # the course's models and the synthetic matrix runs the checks draw
 BUILDS_ON = {"16.2": ["16.1"], "16.6": ["16.5"], "16.7": ["16.1"]}   # the earlier answers each one uses
-EXERCISES = nf.ExerciseSet(Path(__file__).resolve().parent.parent / "solutions" / "16_evaluation.ipynb",
-                           setup=["setup-answers", HELPERS], before=BUILDS_ON)
+EXERCISES = ExerciseSet("16_evaluation", setup=["setup-answers", HELPERS], before=BUILDS_ON)
 
 
 WRONG = {
@@ -47,7 +44,7 @@ WRONG = {
              ("if (2 * br * d + 2 * bc * d) * itemsize + 4 * br * bc <= sram_bytes]",
               "if (2 * br * d + 2 * bc * d) * itemsize <= sram_bytes]")],                             # S's tile forgotten
 }
-test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = nf.check_tests(EXERCISES, WRONG)
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = check_tests(EXERCISES, WRONG)
 
 
 def test_the_colleagues_finder_flags_unchanged_buckets_beside_the_planted_one(capsys):

@@ -6,13 +6,10 @@ mistake a learner would make (an edit of the solution's own source), and runs th
 the cells the exercise builds on, the answer and its check cell in one namespace: the check must
 raise CheckFailed and print FAIL.
 """
-import functools
-
 import pytest
 
-import notebook_factory as nf
-
 from course_lib import checks
+from exercise_checks import ExerciseSet, ExerciseSets, check_tests
 
 SETS = {"1": "01_naive_attention", "2": "02_roofline", "3": "03_tiling_and_sram", "4": "04_online_softmax",
         "5": "05_flash_forward", "6": "06_masks", "7": "07_tails_varlen_bad_input"}
@@ -116,36 +113,16 @@ WRONG = {
              "return len(lengths) * max(lengths)**2 / sum(n**2 for n in lengths)"),  # packed as the sum of N^2
             ("return padded_peak / packed_peak_bytes(lengths, H)", "return 5.0")],  # the statement's five sequences
 }
-CASES = [(exercise, edit) for exercise, edits in WRONG.items() for edit in edits]
-
-
-@functools.lru_cache(maxsize=None)
-def solution(key):
-    return nf.SolutionCells.read(nf.REPO / "solutions" / f"{SETS[key]}.ipynb")
-
-
-def run(exercise, edit=None):
-    key = exercise.split(".")[0]
-    cells = solution(key)
-    cells.run({}, exercise, edit, before=[SETUP.get(key, "setup"), *BEFORE.get(exercise, [])])
-
-
-@pytest.mark.parametrize("exercise", sorted(WRONG))
-def test_the_solution_passes_its_check(exercise):
-    run(exercise)
-
-
-@pytest.mark.parametrize("exercise,edit", CASES, ids=[f"{e}-{i}" for e, edits in WRONG.items() for i in range(len(edits))])
-def test_a_plausible_wrong_answer_fails_its_check(exercise, edit, capsys):
-    with pytest.raises(checks.CheckFailed):
-        run(exercise, edit)
-    assert "FAIL" in capsys.readouterr().out
+# each case runs its set's setup again: a case leaves nothing behind for the next
+EXERCISES = ExerciseSets({key: ExerciseSet(name, setup=[SETUP.get(key, "setup")], before=BEFORE, fresh=True)
+                          for key, name in SETS.items()})
+test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = check_tests(EXERCISES, WRONG)
 
 
 @pytest.mark.parametrize("edit, first_visit", [(WRONG["5.4"][0], False), (WRONG["5.4"][1], True)])
 def test_a_wrong_fa1_is_told_which_of_lse_and_o_is_off_and_when(edit, first_visit, capsys):
     with pytest.raises(checks.CheckFailed):
-        run("5.4", edit)
+        EXERCISES.run("5.4", edit)
     out = capsys.readouterr().out
     assert "lse (your state's l and m together) is off" in out
     assert ("it is already off: look at the first visit" in out) == first_visit
@@ -154,12 +131,12 @@ def test_a_wrong_fa1_is_told_which_of_lse_and_o_is_off_and_when(edit, first_visi
 
 def test_a_wrong_tile_class_is_named_not_coded(capsys):
     with pytest.raises(checks.CheckFailed):
-        run("6.4", ('return "full"', 'return "partial"'))
+        EXERCISES.run("6.4", ('return "full"', 'return "partial"'))
     assert "you said 'partial', the mask makes it 'full'" in capsys.readouterr().out
 
 
 def test_split_kv_reads_outside_the_chunks_are_named(capsys):
     with pytest.raises(checks.CheckFailed):
-        run("4.6", ("for keys in np.array_split(np.arange(k.shape[1]), n_splits):",
-                    "for keys in np.array_split(np.arange(k.shape[1]), n_splits + 1):"))
+        EXERCISES.run("4.6", ("for keys in np.array_split(np.arange(k.shape[1]), n_splits):",
+                              "for keys in np.array_split(np.arange(k.shape[1]), n_splits + 1):"))
     assert "K read in key ranges [j0, j1) that are no chunk of np.array_split" in capsys.readouterr().out

@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 
 import notebook_factory as nf
+from conftest import REPO
 
-REAL_EXERCISES = sorted((nf.REPO / "exercises").glob("*.ipynb"))
+REAL_EXERCISES = sorted((REPO / "exercises").glob("*.ipynb"))
 
 
 def cell_outcomes(notebook: Path, records: Path) -> dict:
     """{cell id: end record} from running ``notebook`` under nbval with the course's sanitize rules."""
     cmd = [sys.executable, "-m", "pytest", str(notebook), "-p", "course_lib.grading.nbval_record", "-p", "nbval.plugin",
            "-p", "no:cacheprovider", "--nbval", "--nbval-current-env", "--nbval-cell-timeout=600",
-           "--nbval-sanitize-with", str(nf.REPO / "tests" / "sanitize.cfg"),
+           "--nbval-sanitize-with", str(REPO / "tests" / "sanitize.cfg"),
            "--cell-records", str(records), "-q", "--tb=no", "--color=no", "-o", "addopts="]
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTEST_ADDOPTS="")
     run = subprocess.run(cmd, cwd=notebook.parent, env=env, capture_output=True, text=True, timeout=1800)
@@ -68,7 +69,7 @@ def test_solved_exercise_passes_nbval_against_its_kept_verdicts(tmp_path):
     and every cell passes.  (The exercise shows no verdict; its check cells keep them in
     metadata.course.expected_outputs, the solution's own passing output.)"""
     name = "01_naive_attention.ipynb"
-    exercise, solution = nf.read(nf.REPO / "exercises" / name), nf.read(nf.REPO / "solutions" / name)
+    exercise, solution = nf.read(REPO / "exercises" / name), nf.read(REPO / "solutions" / name)
     nb = nf.with_answers(exercise, solution, nf.exercise_names(solution))
     for check in nf.cells(nb, "check"):
         assert check.outputs == [] and check.metadata.course.expected_outputs

@@ -1,6 +1,5 @@
 """One figure style for the lectures and the widgets: same rcParams, sharp PNGs shown at their figsize."""
 import json
-from pathlib import Path
 
 import matplotlib
 
@@ -10,8 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from course_lib.views import figstyle, widgets  # noqa: E402
+from conftest import REPO  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 LECTURES_WITH_FIGURES = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name.startswith("00_"))
 
 

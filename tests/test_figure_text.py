@@ -7,14 +7,13 @@ output is its figure (that is what the web shows), so the next cell must not dra
 with the explorer's static twin.
 """
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
 
 from course_lib.views import figstyle
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 MIN_POINTS = 9
 LECTURES = sorted((REPO / "notebooks").glob("*.ipynb"))
 VIEWS = sorted((REPO / "course_lib" / "views").glob("*.py"))

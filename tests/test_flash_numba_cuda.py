@@ -8,7 +8,6 @@ import itertools
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -19,8 +18,7 @@ import course_lib
 from course_lib import checks
 from course_lib.core.options import call_forward
 from course_lib.kernels import flash_numba_cuda as fnc
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import REPO, make_qkv
 
 # (Nq, Nk, block_q, block_k): tails, Nq > Nk, Nq < Nk, Nk below one tile, decode, exact tiles
 BUCKETS = {
@@ -52,13 +50,6 @@ def cases():
         yield pytest.param(bucket, mask, heads, d, id=f"{bucket}-{mask}-{heads}-D{d}")
 
 
-def problem(nq, nk, h, hk, d, dv=None, seed=0, dtype=np.float32):
-    rng = np.random.default_rng(seed)
-    dv = d if dv is None else dv
-    return (rng.standard_normal((1, h, nq, d)).astype(dtype), rng.standard_normal((1, hk, nk, d)).astype(dtype),
-            rng.standard_normal((1, hk, nk, dv)).astype(dtype))
-
-
 def test_available_without_a_gpu_and_says_where_it_runs():
     assert "flash_numba_cuda" in course_lib.available_impls()
     assert fnc.where() == ("numba simulator" if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else
@@ -69,7 +60,7 @@ def test_available_without_a_gpu_and_says_where_it_runs():
 def test_flash_numba_cuda_matches_the_reference(bucket, mask, heads, head_dim):
     nq, nk, block_q, block_k = BUCKETS[bucket]
     h, hk = HEADS[heads]
-    q, k, v = problem(nq, nk, h, hk, head_dim, dv=head_dim + 1, seed=nq * 100 + nk + head_dim)
+    q, k, v = make_qkv(nq * 100 + nk + head_dim, 1, h, hk, nq, nk, head_dim, head_dim + 1, dtype=np.float32)
     options = dict(MASKS[mask])
     if options.pop("alibi", False):
         options["alibi_slopes"] = np.linspace(0.05, 0.6, h)
@@ -82,7 +73,7 @@ def test_flash_numba_cuda_matches_the_reference(bucket, mask, heads, head_dim):
 
 
 def test_rows_that_see_no_key_give_zero_and_minus_inf_lse():
-    q, k, v = problem(12, 10, 2, 1, 4)
+    q, k, v = make_qkv(0, 1, 2, 1, 12, 10, 4, dtype=np.float32)
     out, lse = course_lib.attention(q, k, v, impl="flash_numba_cuda", window_size=(0, 0),
                                     causal_align="top_left", block_q=4, block_k=4, return_lse=True)
     assert np.isneginf(lse[:, :, 10:]).all() and (out[:, :, 10:] == 0).all()
@@ -90,13 +81,13 @@ def test_rows_that_see_no_key_give_zero_and_minus_inf_lse():
 
 
 def test_default_tiles_and_head_dim_256_match_the_reference():
-    q, k, v = problem(9, 13, 2, 1, 256, dv=24)
+    q, k, v = make_qkv(0, 1, 2, 1, 9, 13, 256, 24, dtype=np.float32)
     out, lse = course_lib.attention(q, k, v, impl="flash_numba_cuda", causal=True, return_lse=True)
     checks.check_attention(out, q, k, v, lse=lse, causal=True)
 
 
 def test_a_nan_in_one_query_row_changes_only_that_row():
-    q, k, v = problem(10, 9, 2, 2, 4)
+    q, k, v = make_qkv(0, 1, 2, 2, 10, 9, 4, dtype=np.float32)
     q[0, 1, 3, 2] = np.nan
     out, lse = course_lib.attention(q, k, v, impl="flash_numba_cuda", block_q=4, block_k=4, return_lse=True)
     assert np.isnan(out[0, 1, 3]).all() and np.isnan(lse[0, 1, 3])
@@ -122,32 +113,32 @@ def test_varlen_and_read_only_inputs():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, ml_dtypes.bfloat16])
 def test_dtypes_other_than_float32_are_refused_with_a_type_error(dtype):
-    q, k, v = problem(4, 4, 1, 1, 4, dtype=dtype)
+    q, k, v = make_qkv(0, 1, 1, 1, 4, 4, 4, dtype=dtype)
     with pytest.raises(TypeError, match=rf"float32 only.*{np.dtype(dtype).name}.*astype\(np.float32\)"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda")
 
 
 def test_more_than_1024_threads_are_refused_naming_block_q():
-    q, k, v = problem(4, 4, 1, 1, 4)
+    q, k, v = make_qkv(0, 1, 1, 1, 4, 4, 4, dtype=np.float32)
     with pytest.raises(ValueError, match="block_q .*1024, got 2048"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda", block_q=2048)
 
 
 def test_shared_memory_overflow_is_refused_naming_block_k():
-    q, k, v = problem(4, 4, 1, 1, 128)
+    q, k, v = make_qkv(0, 1, 1, 1, 4, 4, 128, dtype=np.float32)
     with pytest.raises(ValueError, match=r"block_k=64 with head dims 128 \+ 128 needs 65536 bytes.*block_k <= 48"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda", block_k=64)
 
 
 def test_the_simulator_refuses_too_large_shapes_and_says_so():
-    q, k, v = problem(512, 512, 2, 2, 16)
+    q, k, v = make_qkv(0, 1, 2, 2, 512, 512, 16, dtype=np.float32)
     with pytest.raises(ValueError, match=r"takes only small problems.*above 2000000 \(about \d+ s of .* on the "
                                          r"course's machine\); shrink the shapes.*FLASH_SIM_MAX_WORK=16777216"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda")
 
 
 def test_a_caller_raises_the_simulators_limit_by_environment(monkeypatch):
-    q, k, v = problem(8, 8, 1, 1, 4)
+    q, k, v = make_qkv(0, 1, 1, 1, 8, 8, 4, dtype=np.float32)
     monkeypatch.setenv("FLASH_SIM_MAX_WORK", "100")
     with pytest.raises(ValueError, match=r"above 100 \(about 0 s"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda")
@@ -160,7 +151,7 @@ def test_a_caller_raises_the_simulators_limit_by_environment(monkeypatch):
 
 
 def test_bad_input_is_caught_before_the_kernel_as_for_every_impl():
-    q, k, v = problem(4, 4, 2, 1, 4)
+    q, k, v = make_qkv(0, 1, 2, 1, 4, 4, 4, dtype=np.float32)
     with pytest.raises(ValueError, match="q must be 4-D"):
         course_lib.attention(q[0], k, v, impl="flash_numba_cuda")
     with pytest.raises(ValueError, match="window_size"):
@@ -171,7 +162,7 @@ def test_bad_input_is_caught_before_the_kernel_as_for_every_impl():
 
 def test_the_kernel_passes_cudacheck_with_tails_gqa_and_causal():
     from course_lib import cudacheck
-    q, k, v = problem(13, 11, 4, 2, 5)
+    q, k, v = make_qkv(0, 1, 4, 2, 13, 11, 5, dtype=np.float32)
     got = {}
 
     def grab(q, k, v, opts, mask):
@@ -199,7 +190,7 @@ def test_a_racy_kernel_is_refused_with_cudacheck_s_message(monkeypatch):
     if fnc.where() != "cudacheck":
         pytest.skip("only the cudacheck runner checks launches")
     monkeypatch.setattr(fnc, "make_kernel", lambda Bc, D, Dv, exp2=False: racy_kernel)
-    q, k, v = problem(8, 8, 1, 1, 2)
+    q, k, v = make_qkv(0, 1, 1, 1, 8, 8, 2, dtype=np.float32)
     with pytest.raises(RuntimeError, match=r"(?s)failed its check.*race.*shared array `slot`"):
         course_lib.attention(q, k, v, impl="flash_numba_cuda", block_q=8)
 
@@ -218,7 +209,7 @@ def test_numba_s_own_simulator_runs_the_same_kernel():
             "checks.check_attention(out, q, k, v, lse=lse, causal=True)\n"
             "print(fnc.where())\n")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
                             timeout=300)
     assert result.returncode == 0, result.stderr
     verdict, runner = result.stdout.splitlines()[-2:]

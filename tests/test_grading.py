@@ -23,16 +23,15 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 import notebook_factory as nf
+from conftest import REPO
 from course_lib import checks
 from course_lib.grading import cli, pipeline, sandbox
 from course_lib.grading.submission import Course
 
-REAL_SOLUTIONS = sorted((nf.REPO / "solutions").glob("*.ipynb"))
+REAL_SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
 TIMEOUT = 5  # seconds per exercise's answer cells, and again per check
 
-needs_sandbox = pytest.mark.skipif(not sandbox.available(),
-                                   reason="no bubblewrap sandbox here (.ci/run installs it: apt-get install bubblewrap)")
-pytestmark = needs_sandbox
+pytestmark = pytest.mark.needs_sandbox
 
 CRASH = "np.lib.stride_tricks.as_strided(np.zeros(1), shape=(10**9,), strides=(10**6,)).sum()"
 MARKER = f"course-grade-attack-{os.getpid()}"  # in the command line of anything an attack leaves running
@@ -60,7 +59,7 @@ def _solution_with(course, answers: dict):
 def attacks(course: Path, victim_pid: int) -> dict:
     """{name: {exercise: answer source}}: a student who wants marks without the work."""
     sol = course / "solutions" / f"{nf.SYNTHETIC}.ipynb"
-    checks_py = nf.REPO / "course_lib" / "checks.py"
+    checks_py = REPO / "course_lib" / "checks.py"
     site = Path(np.__file__).resolve().parent.parent
     return {
         # the course's answers, read from disk and run
@@ -241,7 +240,7 @@ def batch(course, tmp_path_factory):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     paths = _submissions(course, folder, victim.pid)
     site = Path(np.__file__).resolve().parent.parent
-    watched = (course, nf.REPO / "course_lib", nf.REPO / "solutions", nf.REPO / "exercises")
+    watched = (course, REPO / "course_lib", REPO / "solutions", REPO / "exercises")
     before = _tree_digest(folder, *watched)
     site_before = sorted(os.listdir(site))
     out_csv = folder / "grades.csv"
@@ -573,7 +572,7 @@ def real_sets(tmp_path_factory):
     folder = tmp_path_factory.mktemp("real")
     subs, meta = {}, {}
     for path in REAL_SOLUTIONS:
-        solution, exercise = nf.read(path), nf.read(nf.REPO / "exercises" / path.name)
+        solution, exercise = nf.read(path), nf.read(REPO / "exercises" / path.name)
         names = nf.exercise_names(solution)
         points = {n: nf.cells(solution, "check", n)[0].metadata["course"]["points"] for n in names}
         meta[path.stem] = (names, points)
@@ -581,7 +580,7 @@ def real_sets(tmp_path_factory):
         subs[(path.stem, "untouched")] = nf.write(exercise, folder / f"{path.stem}-untouched.ipynb")
         subs[(path.stem, "partial")] = nf.write(nf.with_answers(exercise, solution, names[:1]),
                                                 folder / f"{path.stem}-partial.ipynb")
-    results = pipeline.grade_all(subs.values(), Course(nf.REPO), pipeline.Options(timeout=300), jobs=2)
+    results = pipeline.grade_all(subs.values(), Course(REPO), pipeline.Options(timeout=300), jobs=2)
     return dict(zip(subs, results)), meta
 
 
@@ -649,7 +648,7 @@ def wrong_algorithms(tmp_path_factory):
     folder = tmp_path_factory.mktemp("wrong")
     paths = {}
     for stem, answers in WRONG_ALGORITHMS.items():
-        solution = nf.read(nf.REPO / "solutions" / f"{stem}.ipynb")
+        solution = nf.read(REPO / "solutions" / f"{stem}.ipynb")
         for name, source in answers.items():
             nb = copy.deepcopy(solution)
             cell = nf.cells(nb, "answer", name)[0]
@@ -661,7 +660,7 @@ def wrong_algorithms(tmp_path_factory):
                 assert source != cell.source
             cell.source = source
             paths[(stem, name)] = nf.write(nb, folder / f"{stem}-{name}.ipynb")
-    results = pipeline.grade_all(paths.values(), Course(nf.REPO), pipeline.Options(timeout=300), jobs=2)
+    results = pipeline.grade_all(paths.values(), Course(REPO), pipeline.Options(timeout=300), jobs=2)
     return dict(zip(paths, results))
 
 
@@ -678,7 +677,7 @@ def test_a_float64_answer_to_a_float32_case_passes_everywhere(tmp_path):
     because the tolerance is the float32 case's, not the answer's."""
     answer = ("def scores(q, k, scale=None):\n    if scale is None:\n        scale = 1 / math.sqrt(q.shape[-1])\n"
               "    return scale * (q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64))")
-    exercise = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    exercise = nf.read(REPO / "exercises" / "01_naive_attention.ipynb")
     namespace = {"__name__": "__main__"}
     for cell in exercise.cells:  # the learner's kernel, up to the check of 1.1
         if cell.cell_type == "code":
@@ -687,7 +686,7 @@ def test_a_float64_answer_to_a_float32_case_passes_everywhere(tmp_path):
                 break
     nb = copy.deepcopy(exercise)
     _set_answer(nb, "1.1", answer)
-    result = pipeline.grade(nf.write(nb, tmp_path / "float64.ipynb"), Course(nf.REPO), pipeline.Options(timeout=60))
+    result = pipeline.grade(nf.write(nb, tmp_path / "float64.ipynb"), Course(REPO), pipeline.Options(timeout=60))
     assert result.rows[0].status == "pass", cli.format_result(result)
 
 
@@ -754,7 +753,7 @@ def test_the_cli_grades_on_fresh_inputs_unless_told_otherwise(course, tmp_path, 
 
 @pytest.mark.parametrize("salt", [7919])  # 30 salts were tried by hand: every solution full marks
 def test_every_real_solution_scores_full_marks_on_fresh_inputs(salt):
-    results = pipeline.grade_all(REAL_SOLUTIONS, Course(nf.REPO), pipeline.Options(timeout=300, fresh_inputs=salt), jobs=2)
+    results = pipeline.grade_all(REAL_SOLUTIONS, Course(REPO), pipeline.Options(timeout=300, fresh_inputs=salt), jobs=2)
     for result in results:
         assert result.total[0] == result.total[1], cli.format_result(result)
 
@@ -763,7 +762,7 @@ def test_a_table_of_fixed_case_outputs_fails_on_fresh_inputs(tmp_path):
     """1.5's cases are a fixed list and a few seeded draws: a table of their outputs, recorded by
     running the published check, passes as published and fails on fresh inputs."""
     from course_lib.models import memory
-    exercise = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    exercise = nf.read(REPO / "exercises" / "01_naive_attention.ipynb")
     table = {}
 
     def recording(batch, heads, nq, nk, dtype):
@@ -784,7 +783,7 @@ def test_a_table_of_fixed_case_outputs_fails_on_fresh_inputs(tmp_path):
     nb = copy.deepcopy(exercise)
     _set_answer(nb, "1.5", answer)
     path = nf.write(nb, tmp_path / "table.ipynb")
-    course = Course(nf.REPO)
+    course = Course(REPO)
     same = {r.exercise: r.status for r in pipeline.grade(path, course, pipeline.Options(timeout=60)).rows}
     fresh = {r.exercise: r.status for r in pipeline.grade(path, course, pipeline.Options(timeout=60, fresh_inputs=99)).rows}
     assert same["1.5"] == "pass" and fresh["1.5"] == "error"  # a KeyError: the table has no such case
@@ -844,7 +843,7 @@ def test_a_compiled_answer_may_use_the_course_cells_constants():
     """Set 08's course cell defines EMPTY, PARTIAL, FULL = 0, 1, 2; a kernel that names them runs
     in the learner's notebook, and so in the sandbox."""
     from course_lib.grading import names
-    setup = names.sandbox_setup(nf.read(nf.REPO / "exercises" / "08_numba_cpu.ipynb"))
+    setup = names.sandbox_setup(nf.read(REPO / "exercises" / "08_numba_cpu.ipynb"))
     assert "EMPTY, PARTIAL, FULL = 0, 1, 2" in setup[-1]
     kernel = ("@numba.njit\ndef computed(tiles):\n    n = 0\n    for t in tiles.ravel():\n"
               "        if t != EMPTY:\n            n += 1\n    return n")
@@ -1013,7 +1012,7 @@ def start(n):
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a uid per sandbox needs a grader running as root")
+@pytest.mark.needs_root("a uid per sandbox needs a grader running as root")
 def test_each_sandbox_has_its_own_process_limit_named_in_reasons():
     from course_lib.grading import session as grading_session
     limits = sandbox.Limits(processes=48)
@@ -1033,7 +1032,7 @@ def test_the_sandbox_leaves_no_file_of_its_output_behind(tmp_path, monkeypatch):
     import tempfile
     from course_lib.grading import session as grading_session
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    nb = nf.read(nf.REPO / "exercises" / "01_naive_attention.ipynb")
+    nb = nf.read(REPO / "exercises" / "01_naive_attention.ipynb")
     run = grading_session.Run(nb, {}, sandbox.Limits(), 30, trusted=False)
     try:
         run.start()
@@ -1085,13 +1084,12 @@ def _readable_by_others(path):
     return True
 
 
+@pytest.mark.needs_root("this test drops to nobody itself")
 def test_the_sandboxes_of_a_grader_that_is_not_root_each_have_their_own_process_limit(monkeypatch):
     """A grader that is not root runs each sandbox in a user namespace of its own. Its process limit
     must be set inside that namespace, where the kernel counts the sandbox's processes alone: set
     before bwrap, it counted every process of the grader's user, so one sandbox holding its limit
     starved the next. The sandboxes here are the grader's own bwrap command line, run as nobody."""
-    if os.geteuid() != 0:
-        pytest.skip("this test drops to nobody itself, which needs root")
     limits = sandbox.Limits(processes=20)
     argv = sandbox._bwrap_argv(0, 1, limits, userns=True)
     prefix, drop, i = argv[:argv.index(sandbox.interpreter())], set(), 0

@@ -12,14 +12,12 @@ import numpy as np
 import pytest
 
 import notebook_factory as nf
+from conftest import REPO
 from course_lib import checks, cudacheck
 from course_lib.grading import kernels, pipeline, sandbox
 from course_lib.grading.submission import Course
 
-SOLUTION = nf.REPO / "solutions" / "09_numba_cuda.ipynb"
-
-needs_sandbox = pytest.mark.skipif(not sandbox.available(),
-                                   reason="no bubblewrap sandbox here (.ci/run installs it: apt-get install bubblewrap)")
+SOLUTION = REPO / "solutions" / "09_numba_cuda.ipynb"
 
 
 def _answers():
@@ -84,11 +82,11 @@ def graded(tmp_path_factory):
         for exercise, source in answers.items():
             nf.cells(nb, "answer", exercise)[0].source = source
         paths[name] = nf.write(nb, folder / f"{name}.ipynb")
-    results = pipeline.grade_all(paths.values(), Course(nf.REPO), pipeline.Options(timeout=20), jobs=2)
+    results = pipeline.grade_all(paths.values(), Course(REPO), pipeline.Options(timeout=20), jobs=2)
     return {name: {r.exercise: r for r in result.rows} for name, result in zip(paths, results)}, planted
 
 
-@needs_sandbox
+@pytest.mark.needs_sandbox
 @pytest.mark.parametrize("submission", ["mistakes", "attacks"])
 def test_each_planted_kernel_fails_with_its_reason_alone(graded, submission):
     rows, planted = graded
@@ -177,7 +175,7 @@ def test_a_statement_beside_a_constant_on_its_line_is_not_kept():
     assert mixed.source.splitlines() == ["A = 1; B = (A,", "  2)"]
 
 
-@needs_sandbox
+@pytest.mark.needs_sandbox
 def test_code_smuggled_beside_a_constant_never_runs():
     """Before, the whole line ran there and replaced cudacheck.check with one that wrote the answer."""
     found = kernels.extract(SMUGGLING)
@@ -214,7 +212,7 @@ def test_the_notebook_refuses_what_the_grader_would_in_its_words(tmp_path, capsy
 
 # -- the kernel sandbox -----------------------------------------------------------------------
 
-@needs_sandbox
+@pytest.mark.needs_sandbox
 def test_the_kernel_sandbox_checks_kernels_and_runs_nothing_else():
     with sandbox.Session(sandbox.Limits(), kernels=True) as session:
         with pytest.raises(sandbox.AnswerRaised, match="takes define and check"):

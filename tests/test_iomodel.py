@@ -13,17 +13,10 @@ from course_lib.core import hardware
 from course_lib.models import iomodel, roofline, sram
 from course_lib.kernels.counted import run_counted
 from course_lib.models.iomodel import SCHEDULES, attention_io
+from conftest import make_qkv
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 MASKS = [dict(), dict(causal=True), dict(causal=True, causal_align="top_left"), dict(window_size=(5, 3))]
-
-
-def inputs(batch, heads, heads_k, nq, nk, d, dv, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((batch, heads, nq, d)).astype(dtype)
-    k = rng.standard_normal((batch, heads_k, nk, d)).astype(dtype)
-    v = rng.standard_normal((batch, heads_k, nk, dv)).astype(dtype)
-    return q, k, v
 
 
 def model_of(q, v, schedule, **options):
@@ -47,7 +40,7 @@ SHAPES = [  # (B, H, Hk, Nq, Nk, D, Dv, Br, Bc)
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()) or "nomask")
 def test_model_equals_the_count_and_kernel_matches_reference(schedule, shape, mask, capsys):
     b, h, hk, nq, nk, d, dv, br, bc = shape
-    q, k, v = inputs(b, h, hk, nq, nk, d, dv, np.float32)
+    q, k, v = make_qkv(0, b, h, hk, nq, nk, d, dv, np.float32)
     run = run_counted(q, k, v, schedule=schedule, block_q=br, block_k=bc, return_lse=True, **mask)
     assert run.traffic == model_of(q, v, schedule, block_q=br, block_k=bc, return_lse=True, **mask)
     checks.check_attention(run.out, q, k, v, lse=run.lse, **mask)
@@ -56,7 +49,7 @@ def test_model_equals_the_count_and_kernel_matches_reference(schedule, shape, ma
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_dtype_counts_its_itemsize_within_tolerance(dtype, schedule, capsys):
-    q, k, v = inputs(1, 2, 1, 41, 35, 16, 16, dtype, seed=1)
+    q, k, v = make_qkv(1, 1, 2, 1, 41, 35, 16, 16, dtype)
     run = run_counted(q, k, v, schedule=schedule, block_q=16, block_k=8, causal=True, return_lse=True)
     assert run.traffic == model_of(q, v, schedule, block_q=16, block_k=8, causal=True, return_lse=True)
     checks.check_attention(run.out, q, k, v, lse=run.lse, causal=True)
@@ -69,7 +62,7 @@ def test_every_dtype_counts_its_itemsize_within_tolerance(dtype, schedule, capsy
 
 @pytest.mark.parametrize("passes", [1, 2, 3])
 def test_naive_softmax_passes_each_read_s_again(passes):
-    q, k, v = inputs(1, 1, 1, 24, 40, 8, 8, np.float32)
+    q, k, v = make_qkv(0, 1, 1, 1, 24, 40, 8, 8, np.float32)
     run = run_counted(q, k, v, schedule="naive", softmax_passes=passes)
     assert run.traffic == model_of(q, v, "naive", softmax_passes=passes)
     s_bytes = 24 * 40 * 4
@@ -83,7 +76,7 @@ def test_naive_softmax_passes_each_read_s_again(passes):
        schedule=st.sampled_from(SCHEDULES), mask=st.sampled_from(MASKS + [dict(window_size=(0, 0))]),
        skip=st.booleans())
 def test_model_equals_count_for_any_shape_and_tiles(nq, nk, br, bc, schedule, mask, skip):
-    q, k, v = inputs(1, 1, 1, nq, nk, 4, 3, np.float64)
+    q, k, v = make_qkv(0, 1, 1, 1, nq, nk, 4, 3, np.float64)
     run = run_counted(q, k, v, schedule=schedule, block_q=br, block_k=bc, skip_empty_tiles=skip, **mask)
     assert run.traffic == model_of(q, v, schedule, block_q=br, block_k=bc, skip_empty_tiles=skip, **mask)
     expected = course_lib.attention(q, k, v, impl="reference", **mask)
@@ -92,7 +85,7 @@ def test_model_equals_count_for_any_shape_and_tiles(nq, nk, br, bc, schedule, ma
 
 def test_the_count_tells_schedules_apart():
     """A model of the wrong schedule does not match: the equality tests can fail."""
-    q, k, v = inputs(1, 1, 1, 64, 64, 16, 16, np.float32)
+    q, k, v = make_qkv(0, 1, 1, 1, 64, 64, 16, 16, np.float32)
     counted = {s: run_counted(q, k, v, schedule=s, block_q=16, block_k=16).traffic for s in SCHEDULES}
     models = {s: model_of(q, v, s, block_q=16, block_k=16) for s in SCHEDULES}
     for s in SCHEDULES:
@@ -182,7 +175,7 @@ def test_bad_arguments_are_named():
         attention_io("naive", 128, softmax_passes=4)
     with pytest.raises(ValueError, match="dtype"):
         attention_io("fa2", 128, dtype="int8")
-    q, k, v = inputs(1, 1, 1, 0, 5, 4, 4, np.float32)
+    q, k, v = make_qkv(0, 1, 1, 1, 0, 5, 4, 4, np.float32)
     with pytest.raises(ValueError, match="non-empty"):
         run_counted(q, k, v)
 
@@ -253,7 +246,7 @@ def test_the_io_law_keeps_its_shape_with_tiles_that_fit():
 @pytest.mark.parametrize("schedule", ["fa2", "fa1", "two_pass"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
 def test_the_kernels_sram_peak_is_the_tile_budget(schedule, dtype):
-    q, k, v = inputs(1, 1, 1, 40, 50, 16, 8, dtype)
+    q, k, v = make_qkv(0, 1, 1, 1, 40, 50, 16, 8, dtype)
     run = run_counted(q, k, v, schedule=schedule, block_q=16, block_k=32)
     budget = sram.tile_budget(16, 32, 16, dtype, head_dim_v=8)
     assert run.sram_peak == budget.total_bytes
@@ -262,7 +255,7 @@ def test_the_kernels_sram_peak_is_the_tile_budget(schedule, dtype):
 
 
 def test_a_chip_smaller_than_the_budget_overflows():
-    q, k, v = inputs(1, 1, 1, 64, 64, 16, 16, np.float16)
+    q, k, v = make_qkv(0, 1, 1, 1, 64, 64, 16, 16, np.float16)
     budget = sram.tile_budget(32, 32, 16, "float16")
     run_counted(q, k, v, block_q=32, block_k=32, sram_capacity=budget.total_bytes)
     with pytest.raises(MemoryError, match="SRAM overflow"):

@@ -11,13 +11,14 @@ import course_lib
 from course_lib import checks
 from course_lib.core import rules
 from course_lib.lowp import conversion, fallback, formats, precision, schedule, study
+from conftest import make_qkv
 
 E4M3 = ml_dtypes.float8_e4m3fn
 FP8_IMPLS = ("reference", "naive", "flash_numpy", "flash_numba_cpu")
 
 
-def fp8_inputs(rng, B=2, H=4, Hk=2, Nq=70, Nk=90, D=32, scale=1.0):
-    q, k, v = (rng.standard_normal((B, h, n, D)) * s for h, n, s in ((H, Nq, scale), (Hk, Nk, 1), (Hk, Nk, 1)))
+def fp8_inputs(rng, B=2, H=4, Hk=2, Nq=70, Nk=90, D=32):
+    q, k, v = make_qkv(rng, B, H, Hk, Nq, Nk, D)
     (q8, qd), (k8, kd), (v8, vd) = (formats.quantize(x, heads_k=Hk) for x in (q, k, v))
     return q8, k8, v8, dict(q_descale=qd, k_descale=kd, v_descale=vd)
 
@@ -189,8 +190,7 @@ def test_fp8_empty_inputs_give_float32_zeros():
 
 @pytest.mark.parametrize("p", ["fp32", "fp16", "bf16", "fp8"])
 def test_attention_at_returns_the_models_dtype_and_errs_like_its_precision(p):
-    rng = np.random.default_rng(11)
-    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float32) for _ in range(3))
+    q, k, v = make_qkv(11, 1, 2, 2, 40, 40, 16, dtype=np.float32)
     exact = course_lib.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal=True)
     out = precision.precision_attention(p)(q, k, v, causal=True)
     assert out.dtype == np.float32 and out.shape == exact.shape

@@ -9,6 +9,7 @@ from course_lib import attention
 from course_lib.model import corpus, custom_masks, kv_cache
 from course_lib.model.split_kv import chunks, split_kv_decode
 from course_lib.model.transformer import DEFAULT_WEIGHTS, Transformer, as_tokens
+from conftest import make_qkv
 
 RECORD = DEFAULT_WEIGHTS.parent / "training.json"
 CPU_IMPLS = [name for name in course_lib.available_impls() if name != "flash_numba_cuda"]
@@ -22,12 +23,6 @@ def model():
 @pytest.fixture(scope="module")
 def heldout():
     return corpus.read(corpus.HELDOUT_FILES)
-
-
-def _qkv(rng, B=2, H=4, Hk=2, nq=1, nk=37, D=32, dtype=np.float32):
-    q = rng.standard_normal((B, H, nq, D)).astype(dtype)
-    k, v = (rng.standard_normal((B, Hk, nk, D)).astype(dtype) for _ in range(2))
-    return q, k, v
 
 
 # -- the model really works ---------------------------------------------------------
@@ -270,20 +265,20 @@ def test_cache_bytes_per_token_is_what_the_buffers_hold(model):
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 7])
 def test_split_kv_decode_merges_to_the_unsplit_answer(splits):
-    q, k, v = _qkv(np.random.default_rng(2), nk=50)
+    q, k, v = make_qkv(2, 2, 4, 2, 1, 50, 32, dtype=np.float32)
     np.testing.assert_allclose(split_kv_decode(q, k, v, splits=splits, workers=2), attention(q, k, v), atol=1e-6)
     assert sum(b - a for a, b in chunks(50, splits)) == 50
 
 
 def test_split_kv_decode_refuses_a_prompt():
-    q, k, v = _qkv(np.random.default_rng(3), nq=4)
+    q, k, v = make_qkv(3, 2, 4, 2, 4, 37, 32, dtype=np.float32)
     with pytest.raises(ValueError, match="decode"):
         split_kv_decode(q, k, v, splits=2)
 
 
 @pytest.mark.parametrize("mask", [custom_masks.DocumentMask((5, 17, 10)), custom_masks.PrefixLMMask(9)])
 def test_custom_masks_fast_path_equals_the_dense_slow_path_and_skips_tiles(mask):
-    q, k, v = _qkv(np.random.default_rng(4), B=1, nq=32, nk=32)
+    q, k, v = make_qkv(4, 1, 4, 2, 32, 32, 32, dtype=np.float32)
     fast = mask.fast(q, k, v, "flash_numpy")
     dense = custom_masks.dense_masked_attention(q, k, v, mask.visible(32))
     np.testing.assert_allclose(fast, dense, atol=1e-5)

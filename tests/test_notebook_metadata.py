@@ -9,15 +9,15 @@ import re
 
 import pytest
 
-import notebook_factory as nf
+from conftest import REPO
 
-NOTEBOOKS = sorted([*(nf.REPO / "notebooks").glob("*.ipynb"), *(nf.REPO / "solutions").glob("*.ipynb"),
-                    *(nf.REPO / "exercises").glob("*.ipynb")])
+NOTEBOOKS = sorted([*(REPO / "notebooks").glob("*.ipynb"), *(REPO / "solutions").glob("*.ipynb"),
+                    *(REPO / "exercises").glob("*.ipynb")])
 
 
 def registered_kernel():
     """{name, display_name} from the Makefile's `ipykernel install` line."""
-    makefile = (nf.REPO / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text()
     found = re.search(r'ipykernel install .*--name (\S+) --display-name "([^"]+)"', makefile)
     assert found, "the Makefile registers the course's kernel"
     return {"name": found.group(1), "display_name": found.group(2), "language": "python"}

@@ -8,13 +8,12 @@ head dims, chapter 01's overflow logit, chapter 08's and 10's ratios, chapter
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 
 from course_lib.core import conventions
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted([*(REPO / "notebooks").glob("*.ipynb"), *(REPO / "solutions").glob("*.ipynb"),
                     *(REPO / "exercises").glob("*.ipynb")])
 

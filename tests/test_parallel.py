@@ -17,7 +17,7 @@ from course_lib.parallel.launch import RankFailed, RankTimeout
 from course_lib.parallel.run import Job, Problem, run_jobs
 from course_lib.parallel.shard_attention import local_partial, mask_call, simulate_ring
 
-from inputs import make_qkv
+from conftest import make_qkv
 
 
 def dense_partial(q, k, v, d):
@@ -36,9 +36,7 @@ def dense_partial(q, k, v, d):
 
 @pytest.mark.parametrize("nq,nk", [(5, 5), (4, 7), (7, 3), (1, 6)])
 def test_the_local_call_sees_exactly_the_keys_on_or_left_of_the_shifted_diagonal(nq, nk):
-    rng = np.random.default_rng(nq * 10 + nk)
-    q = rng.standard_normal((1, 2, nq, 4))
-    k, v = rng.standard_normal((1, 2, nk, 4)), rng.standard_normal((1, 2, nk, 3))
+    q, k, v = make_qkv(nq * 10 + nk, 1, 2, 2, nq, nk, 4, 3)
     for d in range(-nq - 1, nk + 2):
         out, lse = local_partial(q, k, v, d, causal=True, impl="reference")
         expected_out, expected_lse = dense_partial(q, k, v, d)

@@ -20,6 +20,7 @@ from course_lib import kernels
 from course_lib.kernels import counted
 from course_lib.kernels import flash_numba_cpu as compiled
 from course_lib.models import iomodel, memory, sram
+from conftest import make_qkv
 
 masks = st.builds(
     MaskSpec,
@@ -204,13 +205,8 @@ def _cuda(name):
     return name in kernels.IMPLS and kernels.IMPLS[name].cuda
 
 
-def _float32_problem():
-    rng = np.random.default_rng(6)
-    return (rng.standard_normal(shape).astype(np.float32) for shape in [(1, 2, 16, 32), (1, 1, 24, 32), (1, 1, 24, 8)])
-
-
 def test_a_planted_lse_dtype_is_what_every_impl_returns(monkeypatch):
-    q, k, v = _float32_problem()
+    q, k, v = make_qkv(6, 1, 2, 1, 16, 24, 32, 8, np.float32)
     monkeypatch.setattr(rules, "lse_dtype", lambda dtype: np.float64)
     for name, (out, lse) in _every_caller(q, k, v).items():
         assert out.dtype == np.float32 and lse.dtype == np.float64, name
@@ -219,7 +215,7 @@ def test_a_planted_lse_dtype_is_what_every_impl_returns(monkeypatch):
 
 
 def test_a_planted_accumulator_reaches_kernels_models_and_checks(monkeypatch):
-    q, k, v = _float32_problem()
+    q, k, v = make_qkv(6, 1, 2, 1, 16, 24, 32, 8, np.float32)
     expected = course_lib.attention(*(x.astype(np.float64) for x in (q, k, v)), causal=True)
     before = _every_caller(q, k, v)
     budget, io = sram.tile_budget(64, 64, 64, "float32"), iomodel.attention_io("fa1", 256, 256, 64, "float32")
@@ -236,7 +232,7 @@ def test_a_planted_accumulator_reaches_kernels_models_and_checks(monkeypatch):
 
 
 def test_a_planted_p_rounding_reaches_the_tiled_kernels_and_sram(monkeypatch):
-    q, k, v = _float32_problem()
+    q, k, v = make_qkv(6, 1, 2, 1, 16, 24, 32, 8, np.float32)
     before = _every_caller(q, k, v)
     assert "P in float32" not in [item.name for item in sram.tile_budget(64, 64, 64, "float32").items]
     monkeypatch.setattr(rules, "p_round_dtype", lambda dtype: np.dtype(np.float16))

@@ -13,6 +13,7 @@ from course_lib.core.options import AttentionOptions, call_forward
 from course_lib.kernels import flash_numpy
 from course_lib.core.masks import MaskSpec
 from course_lib.views.tilemap import tile_counts
+from conftest import make_qkv
 
 CASES = {
     # name: (Nq, Nk, block_q, block_k, options)
@@ -31,16 +32,11 @@ CASES = {
 }
 
 
-def qkv(nq, nk, batch=2, heads=3, heads_k=1, d=8, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((batch, heads, nq, d)), rng.standard_normal((batch, heads_k, nk, d)),
-            rng.standard_normal((batch, heads_k, nk, d)))
-
-
-def run_with_stats(loop_order, nq, nk, block_q, block_k, options, **shape):
+def run_with_stats(loop_order, nq, nk, block_q, block_k, options, batch=2, heads=3, heads_k=1, d=8):
     stats = flash_numpy.TileStats()
     forward = partial(flash_numpy.flash_forward, loop_order=loop_order, stats=stats)
-    out = call_forward(forward, *qkv(nq, nk, **shape), block_q=block_q, block_k=block_k, **options)
+    out = call_forward(forward, *make_qkv(0, batch, heads, heads_k, nq, nk, d), block_q=block_q, block_k=block_k,
+                       **options)
     return stats, out
 
 
@@ -107,7 +103,7 @@ class CountingMask(MaskSpec):
 @pytest.mark.parametrize("case", ["causal_tails", "causal_window", "window_top_left", "no_mask"])
 def test_full_tiles_get_no_elementwise_mask(loop_order, case):
     nq, nk, block_q, block_k, options = CASES[case]
-    q, k, v = qkv(nq, nk)
+    q, k, v = make_qkv(0, 2, 3, 1, nq, nk, 8)
     opts = AttentionOptions(softmax_scale=0.3, block_q=block_q, block_k=block_k,
                                 **{key: value for key, value in options.items()})
     spec = opts.mask(nq, nk)
@@ -125,13 +121,14 @@ def test_skipping_does_not_change_the_answer():
     # a kernel that skipped a tile someone could see would be wrong on exactly those rows
     for case, (nq, nk, block_q, block_k, options) in CASES.items():
         _, out = run_with_stats("fa2", nq, nk, block_q, block_k, options)
-        reference = api.attention(*qkv(nq, nk), **options)
+        reference = api.attention(*make_qkv(0, 2, 3, 1, nq, nk, 8), **options)
         np.testing.assert_allclose(out, reference, rtol=1e-9, atol=1e-10, err_msg=case)
 
 
 def test_run_with_stats_reports_the_tiles_of_that_call():
     nq, nk, block_q, block_k, options = CASES["causal_bottom_right_nq_lt_nk"]
-    _, _, stats = flash_numpy.run_with_stats(*qkv(nq, nk), block_q=block_q, block_k=block_k, **options)
+    _, _, stats = flash_numpy.run_with_stats(*make_qkv(0, 2, 3, 1, nq, nk, 8), block_q=block_q, block_k=block_k,
+                                             **options)
     counts = expected_counts(nq, nk, block_q, block_k, options)
     assert (stats.computed, stats.skipped, stats.masked) == (counts.computed, counts.empty, counts.partial)
     assert not hasattr(flash_numpy, "last_stats")  # no module-level state: each call owns its counts
