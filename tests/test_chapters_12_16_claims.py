@@ -1,0 +1,141 @@
+"""What chapters 12, 15 and 16 say in prose, held to what the library and the records compute.
+
+Each test reads a lecture's markdown (or a stored output, or the source of a cell) and fails when a
+sentence quotes a number its record or the course's model does not give, or claims what they contradict.
+Nothing here times anything: every number comes from a committed record or a model.
+"""
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from course_lib import bench
+from course_lib.backward import cost
+from course_lib.models.iomodel import flash_io
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "notebooks" / "records"
+
+
+def cells(chapter):
+    path = next((ROOT / "notebooks").glob(f"{chapter}_*.ipynb"))
+    return json.loads(path.read_text())["cells"]
+
+
+def cell(chapter, cell_id):
+    return next(c for c in cells(chapter) if c.get("id") == cell_id)
+
+
+def text(chapter, cell_id):
+    """One markdown cell's text, its line breaks as spaces."""
+    return " ".join("".join(cell(chapter, cell_id)["source"]).split())
+
+
+def markdown(chapter):
+    return " ".join(" ".join("".join(c["source"]).split()) for c in cells(chapter) if c["cell_type"] == "markdown")
+
+
+def output_of(chapter, cell_id):
+    return "".join("".join(o.get("text", "")) for o in cell(chapter, cell_id).get("outputs", []))
+
+
+def records(name, **match):
+    rows = [json.loads(line) for line in (RECORDS / name).read_text().splitlines() if line.strip()]
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def quoted(pattern, where):
+    found = re.search(pattern, where)
+    assert found, f"the sentence /{pattern}/ is not in the text"
+    return found.groups()
+
+
+# -- chapter 12 -------------------------------------------------------------------------------------
+
+def test_the_recompute_price_counts_its_exponentials():
+    t = cost.recompute_tradeoff(4096, 128, dtype="float16", hw="h200")
+    assert t.exponentials == 4096 ** 2 and t.exp_s > 0
+    assert t.recompute_s == pytest.approx(t.matmul_s + t.exp_s)
+    # at d = 128 the exponentials (3.9 T/s) take as long as the 256 FLOPs per score (989 TFLOP/s): the ratio halves
+    assert t.exp_s == pytest.approx(t.matmul_s, rel=0.02)
+    assert t.ratio == pytest.approx(t.p_traffic_s / t.matmul_s / 2, rel=0.02)
+    with pytest.raises(ValueError, match="exp_per_s"):
+        cost.recompute_tradeoff(4096, 128, hw="a100_80gb")
+
+
+def test_chapter_12_quotes_the_recompute_ratio_with_the_exponentials_priced():
+    words = text("12", "l12-09")
+    at_128, at_64, at_256 = quoted(r"beats moving \$P\$ by about ([\d.]+)x at \$d = 128\$.*?\(([\d.]+)x\).*?\(([\d.]+)x\)",
+                                   words)
+    for d, said in ((128, at_128), (64, at_64), (256, at_256)):
+        assert said == f"{cost.recompute_tradeoff(4096, d, dtype='float16', hw='h200').ratio:.1f}", d
+    flops_only = quoted(r"over \$d\$: ([\d.]+)x at \$d = 128\$", words)[0]
+    t = cost.recompute_tradeoff(4096, 128, dtype="float16", hw="h200")
+    assert flops_only == f"{t.p_traffic_s / t.matmul_s:.1f}"
+    assert "by about 3x" not in words
+    summary = text("12", "e6a2facf")
+    assert quoted(r"recompute beats writing and reading \$P\$ by about ([\d.]+)x", summary)[0] == at_128
+    # the table prints the exponentials' column (the lead re-executes the cell to refresh its output)
+    assert "t.exp_s" in "".join(cell("12", "l12-08")["source"])
+
+
+def _backward_time_run():
+    timing = records("backward.jsonl", benchmark="backward_time")
+    run = timing[-1]["run"]     # the run section 5's cell reads
+    return {(r["impl"], r["D"], r["causal"]): r for r in timing if r["run"] == run}
+
+
+def test_chapter_12_quotes_the_causal_ratios_of_its_record():
+    by = _backward_time_run()
+    ratio = {(impl, d): by[impl, d, True]["median_s"] / by[impl, d, False]["median_s"]
+             for impl in ("flash_numba_cpu", "torch_sdpa") for d in (64, 128)}
+    ours64, ours128, theirs64, theirs128 = quoted(
+        r"costs ([\d.]+) of its full time at \$d = 64\$ and ([\d.]+) at \$d = 128\$.*?PyTorch's ([\d.]+) and ([\d.]+)",
+        text("12", "l12-23"))
+    assert ours64 == f"{ratio['flash_numba_cpu', 64]:.2f}" and ours128 == f"{ratio['flash_numba_cpu', 128]:.2f}"
+    assert theirs64 == f"{ratio['torch_sdpa', 64]:.2f}" and theirs128 == f"{ratio['torch_sdpa', 128]:.2f}"
+
+
+def test_chapter_12_quotes_the_recompute_share_of_its_record():
+    shares = [r["recompute_share"]["median_s"] for (impl, _, _), r in _backward_time_run().items()
+              if impl == "flash_numba_cpu"]
+    low, high = quoted(r"The recompute \(\$Q K\^T\$ and the exponentials\) is (\d+)–(\d+) %", text("12", "l12-23"))
+    assert (int(low), int(high)) == (round(100 * min(shares)), round(100 * max(shares)))
+
+
+def test_chapter_12_quotes_the_earlier_tile_sweeps_as_recorded():
+    """256 x 512 against 128 x 256 in runs 143608 and 144040, whichever of the two was the default."""
+    gain = {False: [], True: []}
+    for run in ("20261202T143608+0000", "20261202T144040+0000"):
+        rows = records("backward.jsonl", benchmark="backward_tiles", run=run)
+        for d in (64, 128):
+            for causal in (False, True):
+                big, small = (next(r for r in rows if r["D"] == d and r["causal"] == causal
+                                   and (r["block_q"], r["block_k"]) == tile) for tile in ((256, 512), (128, 256)))
+                gain[causal].append(small["median_s"] / big["median_s"])
+    words = text("12", "l12-23")
+    behind, ahead = quoted(r"had \$256 \\times 512\$ from (\d+) % behind to (\d+) % ahead", words)
+    assert (int(behind), int(ahead)) == (round(100 * (1 - min(gain[False]))), round(100 * (max(gain[False]) - 1)))
+    low, high = quoted(r"and (\d+)–(\d+) % behind under a causal mask", words)
+    assert (int(low), int(high)) == (round(100 * (1 - max(gain[True]))), round(100 * (1 - min(gain[True]))))
+
+
+def test_chapter_12s_memory_figure_reads_one_run():
+    source = "".join(cell("12", "l12-19")["source"]).split("fig, ax")[0]
+    scope = {"json": json, "RECORDS": RECORDS / "backward.jsonl"}
+    exec(source, scope)
+    pairs = [(r["impl"], r["Nq"]) for r in scope["memory"]]
+    assert pairs and len(pairs) == len(set(pairs)), "the figure draws two runs' points on one line"
+
+
+def test_chapter_12_claims_of_the_gpu_backward_are_in_its_record():
+    words = markdown("12")
+    assert "2.4 \\cdot 10^{-7}" not in words            # no record holds the size of the cancelled dQ
+    verdict = next(r["verdict"] for r in records("gpu_backward.jsonl", case="empty_rows", run="20261206T074510+0000"))
+    count, total = re.search(r"(\d+) of (\d+) elements differ", verdict).groups()
+    assert f"{count} of the {total} elements of $dQ$" in words
+    assert "spill to local memory, which is why" not in words   # no spill count recorded for the SIMT kernels
+    assert "record holds no register or spill count" in words
+    assert "$N^2$ bytes per head" not in words                  # P is N^2 elements, 2 N^2 bytes in float16
