@@ -139,3 +139,54 @@ def test_chapter_12_claims_of_the_gpu_backward_are_in_its_record():
     assert "spill to local memory, which is why" not in words   # no spill count recorded for the SIMT kernels
     assert "record holds no register or spill count" in words
     assert "$N^2$ bytes per head" not in words                  # P is N^2 elements, 2 N^2 bytes in float16
+
+
+# -- chapter 15 -------------------------------------------------------------------------------------
+
+def _table(chapter, cell_id):
+    return output_of(chapter, cell_id).splitlines()
+
+
+def test_chapter_15_quotes_double_bufferings_cut_at_each_tile():
+    rows = {}
+    for line in _table("15", "l15-11"):
+        m = re.match(r"\s*(\d+) x (\d+)\s+(\d)\s.*\s([\d.]+)$", line)
+        if m:
+            rows[int(m[1]), int(m[2]), int(m[3])] = float(m[4])
+    cut = {tile: 1 - rows[(*tile, 2)] / rows[(*tile, 1)] for tile in ((64, 64), (128, 64))}
+    small, large = quoted(r"cuts the time by (\d+)% at \$64 \\times 64\$.*?and by (\d+)% at \$128 \\times 64\$",
+                          text("15", "l15-12"))
+    assert (int(small), int(large)) == (round(100 * cut[64, 64]), round(100 * cut[128, 64]))
+
+
+def test_chapter_15_explains_the_two_panels_compute_alone():
+    rows = bench.latest_run(bench.load_records(RECORDS / "edge_dma.jsonl", benchmark="edge_dma"))
+    compute = {r["bandwidth"]: r["parts"]["compute_s"]["median"] for r in rows}
+    slow, fast, ratio = quoted(r"(\d+) ms a tile at 12.5 MB/s against (\d+) ms at 25 MB/s \(([\d.]+)x\)",
+                               text("15", "l15-18"))
+    assert slow == f"{compute[12.5e6] * 1e3:.0f}" and fast == f"{compute[25e6] * 1e3:.0f}"
+    assert ratio == f"{compute[12.5e6] / compute[25e6]:.2f}"
+
+
+def test_chapter_15s_uint8_p_is_clamped_as_the_code_clamps_it():
+    assert 65536 >> 8 == 256 > np.iinfo(np.uint8).max
+    assert "np.minimum(p >> 8, 255)" in (ROOT / "course_lib" / "edge" / "fixed_point.py").read_text()
+    assert r"\min(P \gg 8, 255)" in text("15", "l15-18")
+
+
+def test_chapter_15_calls_uint8_p_the_largest_error_by_the_tables_factor():
+    table = {}
+    for line in _table("15", "l15-21")[1:]:
+        *name, unit, sharp = line.split()
+        table[" ".join(name)] = (float(unit), float(sharp))
+    table_row = table["+ 8-bit exp table, Q16 P, int8 V"]
+    uint8 = table["+ P in uint8 (8-bit table): all int8 / int32"]
+    integer_route = [v for k, v in table.items() if not k.startswith("fp8")]
+    assert max(integer_route) == uint8        # the largest error of the integer route, at both settings
+    words = text("15", "l15-22")
+    assert "is the largest error of the integer route" in words
+    factor, before, after, sharp = quoted(r"([\d.]+)x the error before it at unit variance \(([\d.]+) to ([\d.]+)\) "
+                                          r"and ([\d.]+)x at the sharper", words)
+    assert (before, after) == (f"{table_row[0]:.4f}", f"{uint8[0]:.4f}")
+    assert factor == f"{uint8[0] / table_row[0]:.1f}" and sharp == f"{uint8[1] / table_row[1]:.1f}"
+    assert "roughly doubles" not in words
