@@ -190,3 +190,95 @@ def test_chapter_15_calls_uint8_p_the_largest_error_by_the_tables_factor():
     assert (before, after) == (f"{table_row[0]:.4f}", f"{uint8[0]:.4f}")
     assert factor == f"{uint8[0] / table_row[0]:.1f}" and sharp == f"{uint8[1] / table_row[1]:.1f}"
     assert "roughly doubles" not in words
+
+
+# -- chapter 16 -------------------------------------------------------------------------------------
+
+def _capstone(group):
+    cap = bench.latest_run(bench.load_records(RECORDS / "capstone_cpu.jsonl", benchmark="capstone"))
+    return [r for r in cap if r["group"] == group]
+
+
+def test_chapter_16_quotes_the_second_cores_gain_of_its_record():
+    cores = {r["threads"]: r for r in _capstone("bandwidth")}
+    words = text("16", "c16-05")
+    gain = quoted(r"the second core gave ([\d.]+)x in the fastest rounds", words)[0]
+    assert gain == f"{cores[1]['min_ms'] / cores[2]['min_ms']:.2f}"
+    slow, total = quoted(r"(\d+) of the (\d+) two-core rounds ran at one core's speed", words)
+    two = np.array(cores[2]["times_ms"])
+    assert int(total) == len(two) and int(slow) == int(np.sum(two > 0.9 * cores[1]["min_ms"]))
+    assert "gains much less than 2x" not in words
+
+
+def test_chapter_16_quotes_the_modelled_traffic_ratio_at_the_tiles_the_kernel_ran():
+    rows = [r for r in _capstone("length") if r["path"] == "native"]
+    ratios = [r["model_naive_bytes"] / r["model_flash_bytes"] for r in rows]
+    tile = {(r["block_q"], r["block_k"]) for r in rows}
+    words = text("16", "c16-09")
+    block_q, block_k = quoted(r"With the \$(\d+) \\times (\d+)\$ tiles the kernel ran", words)
+    assert tile == {(int(block_q), int(block_k))}
+    low, high = quoted(r"naive moves ([\d.]+)-([\d.]+)x the tiled kernel's bytes", words)
+    assert (low, high) == (f"{min(ratios):.1f}", f"{max(ratios):.1f}")
+    assert "differ by only 2x" not in words
+
+
+def _matrix_prefill(dtype, path):
+    run = bench.latest_run(bench.load_records(RECORDS / "matrix_cpu.jsonl", benchmark="matrix"))
+    return next(r for r in run if r["workload"] == "summarise" and r["bucket"] == "prefill" and r["mask"] == "none"
+                and r["dtype"] == dtype and r["path"] == path)
+
+
+def test_chapter_16_says_sdpas_half_precisions_are_slower_as_its_table_says():
+    f32 = _matrix_prefill("float32", "public")["min_ms"]
+    words = text("16", "c16-12")
+    bf16, f16 = quoted(r"bfloat16 ([\d.]+)x and float16 ([\d.]+)x its float32 time", words)
+    assert bf16 == f"{_matrix_prefill('bfloat16', 'public')['min_ms'] / f32:.1f}"
+    assert f16 == f"{_matrix_prefill('float16', 'public')['min_ms'] / f32:.1f}"
+    assert "bfloat16 is faster than its float32" not in words
+
+
+def test_chapter_16_names_the_larger_float16_ratio_rightly():
+    conv = {r["case"]: r for r in _capstone("conversion")}
+    whole, bare = conv["float16 call"], conv["kernel, no rounding (the float32 launch)"]
+    n16, n32 = _matrix_prefill("float16", "native"), _matrix_prefill("float32", "native")
+    words = text("16", "c16-20")
+    f32, f16 = quoted(r"float32 ([\d.]+)x, float16 ([\d.]+)x", words)
+    assert (f32, f16) == (f"{n32['min_ms'] / bare['min_ms']:.2f}", f"{n16['min_ms'] / whole['min_ms']:.2f}")
+    in_matrix, in_bench = quoted(r"([\d.]+)x in the matrix, the larger, and ([\d.]+)x in the benchmark", words)
+    assert in_matrix == f"{n16['min_ms'] / n32['min_ms']:.2f}" and in_bench == f"{whole['min_ms'] / bare['min_ms']:.2f}"
+    assert float(in_matrix) > float(in_bench)
+    assert "the matrix's ratio is the smaller" not in words
+
+
+def test_chapter_16_bounds_the_mask_gain_by_the_tile_work_as_measured():
+    rows = _capstone("mask")
+    native = [r for r in rows if r["path"] == "native"]
+    none = next(r for r in native if r["mask"] == "none")
+    gains, tile_ratios = [], []
+    for r in native:
+        if r is none:
+            continue
+        tiles = flash_io(r["N"], r["N"], r["D"], "float32", batch=r["B"], heads=r["H"], block_q=r["block_q"],
+                         block_k=r["block_k"], window_size=tuple(r["window_size"]), causal=r["mask"] == "causal").flops
+        gains.append(none["min_ms"] / r["min_ms"])
+        tile_ratios.append(none["flops"] / tiles)
+    words = text("16", "c16-16")
+    g_low, g_high, t_low, t_high = quoted(r"the gains are ([\d.]+)-([\d.]+)x for tile work ratios of ([\d.]+)-([\d.]+)x",
+                                          words)
+    assert (g_low, g_high) == (f"{min(gains):.1f}", f"{max(gains):.1f}")
+    assert (t_low, t_high) == (f"{min(tile_ratios):.1f}", f"{max(tile_ratios):.1f}")
+    assert all(g < t for g, t in zip(gains, tile_ratios))
+    assert np.argsort(gains).tolist() != np.argsort(tile_ratios).tolist()    # "not in the same order"
+    assert "gain follows the work in the tiles" not in words
+
+
+def test_chapter_16_knows_split_kv_decode_was_measured_in_chapter_10():
+    words = text("16", "c16-25")
+    assert "would fix" not in words
+    assert "chapter 10's split-KV" in words
+    # chapter 10's decode sweep: the rule's splits are faster than one block per row
+    sweep = [r for r in records("gpu_steps.jsonl", benchmark="gpu_steps_decode") if r["impl"].startswith("cuda_")
+             and r.get("median_ms")]
+    for d in {r["D"] for r in sweep}:
+        mine = sorted((r for r in sweep if r["D"] == d), key=lambda r: r["splits"])
+        assert mine[0]["splits"] == 1 and min(r["median_ms"] for r in mine) < mine[0]["median_ms"] / 2
