@@ -192,6 +192,19 @@ def test_chapter_15_calls_uint8_p_the_largest_error_by_the_tables_factor():
     assert "roughly doubles" not in words
 
 
+def test_chapter_15_prices_gap8s_cluster_at_its_own_clock():
+    """GreenWaves: the fabric controller runs at up to 250 MHz, the cluster at up to 175 MHz."""
+    from course_lib.core.hardware import hardware
+    from course_lib.edge import manycore
+    gap8 = hardware("gap8")
+    assert float(gap8.peak_flops["int8"]) == pytest.approx(8 * 175e6 * 4 * 2)
+    one = manycore.cluster_step(1, 16, 64, 64, "gap8", layout=manycore.PRIVATE)
+    words = text("15", "l15-31")
+    crossover = quoted(r"Private tiles stop scaling between \d and \d cores \(at ([\d.]+) in the model\)", words)[0]
+    assert crossover == f"{one.compute_s / one.dma_s:.1f}"
+    assert "175 MHz" in words
+
+
 # -- chapter 16 -------------------------------------------------------------------------------------
 
 def _capstone(group):
