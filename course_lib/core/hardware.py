@@ -325,17 +325,18 @@ _add(Hardware(
 # ``HARDWARE``, the machines chapters 02, 03 and 10 tabulate on one roofline, because their peak is an
 # int8 dot-product rate of a few cores, not a matrix unit's; ``hardware(key)`` finds them all the same.
 _GAP8_DOC = "Bitcraze AI-deck documentation, 'GAP8' page (after GreenWaves' GAP8 reference manual)"
-_GAP8_CHIP = "WikiChip, greenwaves/gap8: 9 RISC-V cores (8 in the cluster) at up to 250 MHz, no FPU"
+_GAP8_CHIP = ("WikiChip, greenwaves/gap8: 9 RISC-V cores (8 in the cluster), no FPU; GreenWaves' GAP8 / GAP9 page: "
+              "the fabric controller runs at up to 250 MHz, the cluster at up to 175 MHz")
 EDGE_PARTS: dict = {}
 EDGE_PARTS["gap8"] = Hardware(
     key="gap8", name="GreenWaves GAP8 (8-core RISC-V cluster, 64 kB shared L1)", family="riscv",
     peak_flops={
-        # derived: 8 cores x 250 MHz x a 4-way int8 dot product per cycle (PULP's sdotp) x 2 OP per MAC
-        "int8": _ill(16 * GIGA, "OP/s", "8 cores x 250 MHz x 4 int8 MACs per cycle x 2, from the two "
+        # derived: 8 cores x 175 MHz (the cluster's clock) x a 4-way int8 dot product per cycle (PULP's sdotp) x 2
+        "int8": _ill(11.2 * GIGA, "OP/s", "8 cores x 175 MHz x 4 int8 MACs per cycle x 2, from the two "
                      "figures above; GreenWaves quotes 'up to 10 GOPS' at a few tens of mW (WikiChip)"),
-        "float32": _ill(0.2 * GIGA, "FLOP/s", "no FPU: software floating point, ~20 cycles per FMA on 8 cores"),
-        "float16": _ill(0.2 * GIGA, "FLOP/s", "no FPU: software floating point, the float32 rate"),
-        "bfloat16": _ill(0.2 * GIGA, "FLOP/s", "no FPU: software floating point, the float32 rate"),
+        "float32": _ill(0.14 * GIGA, "FLOP/s", "no FPU: software floating point, ~20 cycles per FMA on 8 cores"),
+        "float16": _ill(0.14 * GIGA, "FLOP/s", "no FPU: software floating point, the float32 rate"),
+        "bfloat16": _ill(0.14 * GIGA, "FLOP/s", "no FPU: software floating point, the float32 rate"),
     },
     bandwidth=_ill(200e6, "B/s", "external HyperRAM (L3) over the 8-bit DDR HyperBus, through the micro-DMA"),
     memory=_ds(8 * MiB, "B", "64 Mb of L3 HyperRAM on the AI-deck board; Bitcraze AI-deck documentation"),
@@ -344,8 +345,8 @@ EDGE_PARTS["gap8"] = Hardware(
     units=_ds(1, "cluster", f"one cluster of 8 cores beside the fabric controller; {_GAP8_DOC}"),
     cores_per_unit=_ds(8, "cores", f"8 cluster cores sharing L1; {_GAP8_DOC}; {_GAP8_CHIP}"),
     unit_name="cluster",
-    exp_per_s=_ill(8 * 250e6 / 20, "exp/s", "8 cores, ~20 cycles per fixed-point exp"),
-    dma_setup=_ill(0.4e-6, "s", "~100 cycles at 250 MHz to program the cluster DMA"),
+    exp_per_s=_ill(8 * 175e6 / 20, "exp/s", "8 cores, ~20 cycles per fixed-point exp"),
+    dma_setup=_ill(100 / 175e6, "s", "~100 cycles at the cluster's 175 MHz to program the cluster DMA"),
     note="Public figures (cores, L1, L2, clock) from its documentation; rates and the DMA are illustrative.")
 
 

@@ -1,0 +1,297 @@
+"""What chapters 12, 15 and 16 say in prose, held to what the library and the records compute.
+
+Each test reads a lecture's markdown (or a stored output, or the source of a cell) and fails when a
+sentence quotes a number its record or the course's model does not give, or claims what they contradict.
+Nothing here times anything: every number comes from a committed record or a model.
+"""
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from course_lib import bench
+from course_lib.backward import cost
+from course_lib.models.iomodel import flash_io
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "notebooks" / "records"
+
+
+def cells(chapter):
+    path = next((ROOT / "notebooks").glob(f"{chapter}_*.ipynb"))
+    return json.loads(path.read_text())["cells"]
+
+
+def cell(chapter, cell_id):
+    return next(c for c in cells(chapter) if c.get("id") == cell_id)
+
+
+def text(chapter, cell_id):
+    """One markdown cell's text, its line breaks as spaces."""
+    return " ".join("".join(cell(chapter, cell_id)["source"]).split())
+
+
+def markdown(chapter):
+    return " ".join(" ".join("".join(c["source"]).split()) for c in cells(chapter) if c["cell_type"] == "markdown")
+
+
+def output_of(chapter, cell_id):
+    return "".join("".join(o.get("text", "")) for o in cell(chapter, cell_id).get("outputs", []))
+
+
+def records(name, **match):
+    rows = [json.loads(line) for line in (RECORDS / name).read_text().splitlines() if line.strip()]
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def quoted(pattern, where):
+    found = re.search(pattern, where)
+    assert found, f"the sentence /{pattern}/ is not in the text"
+    return found.groups()
+
+
+# -- chapter 12 -------------------------------------------------------------------------------------
+
+def test_the_recompute_price_counts_its_exponentials():
+    t = cost.recompute_tradeoff(4096, 128, dtype="float16", hw="h200")
+    assert t.exponentials == 4096 ** 2 and t.exp_s > 0
+    assert t.recompute_s == pytest.approx(t.matmul_s + t.exp_s)
+    # at d = 128 the exponentials (3.9 T/s) take as long as the 256 FLOPs per score (989 TFLOP/s): the ratio halves
+    assert t.exp_s == pytest.approx(t.matmul_s, rel=0.02)
+    assert t.ratio == pytest.approx(t.p_traffic_s / t.matmul_s / 2, rel=0.02)
+    with pytest.raises(ValueError, match="exp_per_s"):
+        cost.recompute_tradeoff(4096, 128, hw="a100_80gb")
+
+
+def test_chapter_12_quotes_the_recompute_ratio_with_the_exponentials_priced():
+    words = text("12", "l12-09")
+    at_128, at_64, at_256 = quoted(r"beats moving \$P\$ by about ([\d.]+)x at \$d = 128\$.*?\(([\d.]+)x\).*?\(([\d.]+)x\)",
+                                   words)
+    for d, said in ((128, at_128), (64, at_64), (256, at_256)):
+        assert said == f"{cost.recompute_tradeoff(4096, d, dtype='float16', hw='h200').ratio:.1f}", d
+    flops_only = quoted(r"over \$d\$: ([\d.]+)x at \$d = 128\$", words)[0]
+    t = cost.recompute_tradeoff(4096, 128, dtype="float16", hw="h200")
+    assert flops_only == f"{t.p_traffic_s / t.matmul_s:.1f}"
+    assert "by about 3x" not in words
+    summary = text("12", "e6a2facf")
+    assert quoted(r"recompute beats writing and reading \$P\$ by about ([\d.]+)x", summary)[0] == at_128
+    # the table prints the exponentials' column (the lead re-executes the cell to refresh its output)
+    assert "t.exp_s" in "".join(cell("12", "l12-08")["source"])
+
+
+def _backward_time_run():
+    timing = records("backward.jsonl", benchmark="backward_time")
+    run = timing[-1]["run"]     # the run section 5's cell reads
+    return {(r["impl"], r["D"], r["causal"]): r for r in timing if r["run"] == run}
+
+
+def test_chapter_12_quotes_the_causal_ratios_of_its_record():
+    by = _backward_time_run()
+    ratio = {(impl, d): by[impl, d, True]["median_s"] / by[impl, d, False]["median_s"]
+             for impl in ("flash_numba_cpu", "torch_sdpa") for d in (64, 128)}
+    ours64, ours128, theirs64, theirs128 = quoted(
+        r"costs ([\d.]+) of its full time at \$d = 64\$ and ([\d.]+) at \$d = 128\$.*?PyTorch's ([\d.]+) and ([\d.]+)",
+        text("12", "l12-23"))
+    assert ours64 == f"{ratio['flash_numba_cpu', 64]:.2f}" and ours128 == f"{ratio['flash_numba_cpu', 128]:.2f}"
+    assert theirs64 == f"{ratio['torch_sdpa', 64]:.2f}" and theirs128 == f"{ratio['torch_sdpa', 128]:.2f}"
+
+
+def test_chapter_12_quotes_the_recompute_share_of_its_record():
+    shares = [r["recompute_share"]["median_s"] for (impl, _, _), r in _backward_time_run().items()
+              if impl == "flash_numba_cpu"]
+    low, high = quoted(r"The recompute \(\$Q K\^T\$ and the exponentials\) is (\d+)–(\d+) %", text("12", "l12-23"))
+    assert (int(low), int(high)) == (round(100 * min(shares)), round(100 * max(shares)))
+
+
+def test_chapter_12_quotes_the_earlier_tile_sweeps_as_recorded():
+    """256 x 512 against 128 x 256 in runs 143608 and 144040, whichever of the two was the default."""
+    gain = {False: [], True: []}
+    for run in ("20261202T143608+0000", "20261202T144040+0000"):
+        rows = records("backward.jsonl", benchmark="backward_tiles", run=run)
+        for d in (64, 128):
+            for causal in (False, True):
+                big, small = (next(r for r in rows if r["D"] == d and r["causal"] == causal
+                                   and (r["block_q"], r["block_k"]) == tile) for tile in ((256, 512), (128, 256)))
+                gain[causal].append(small["median_s"] / big["median_s"])
+    words = text("12", "l12-23")
+    behind, ahead = quoted(r"had \$256 \\times 512\$ from (\d+) % behind to (\d+) % ahead", words)
+    assert (int(behind), int(ahead)) == (round(100 * (1 - min(gain[False]))), round(100 * (max(gain[False]) - 1)))
+    low, high = quoted(r"and (\d+)–(\d+) % behind under a causal mask", words)
+    assert (int(low), int(high)) == (round(100 * (1 - max(gain[True]))), round(100 * (1 - min(gain[True]))))
+
+
+def test_chapter_12s_memory_figure_reads_one_run():
+    source = "".join(cell("12", "l12-19")["source"]).split("fig, ax")[0]
+    scope = {"json": json, "RECORDS": RECORDS / "backward.jsonl"}
+    exec(source, scope)
+    pairs = [(r["impl"], r["Nq"]) for r in scope["memory"]]
+    assert pairs and len(pairs) == len(set(pairs)), "the figure draws two runs' points on one line"
+
+
+def test_chapter_12_claims_of_the_gpu_backward_are_in_its_record():
+    words = markdown("12")
+    assert "2.4 \\cdot 10^{-7}" not in words            # no record holds the size of the cancelled dQ
+    verdict = next(r["verdict"] for r in records("gpu_backward.jsonl", case="empty_rows", run="20261206T074510+0000"))
+    count, total = re.search(r"(\d+) of (\d+) elements differ", verdict).groups()
+    assert f"{count} of the {total} elements of $dQ$" in words
+    assert "spill to local memory, which is why" not in words   # no spill count recorded for the SIMT kernels
+    assert "record holds no register or spill count" in words
+    assert "$N^2$ bytes per head" not in words                  # P is N^2 elements, 2 N^2 bytes in float16
+
+
+# -- chapter 15 -------------------------------------------------------------------------------------
+
+def _table(chapter, cell_id):
+    return output_of(chapter, cell_id).splitlines()
+
+
+def test_chapter_15_quotes_double_bufferings_cut_at_each_tile():
+    rows = {}
+    for line in _table("15", "l15-11"):
+        m = re.match(r"\s*(\d+) x (\d+)\s+(\d)\s.*\s([\d.]+)$", line)
+        if m:
+            rows[int(m[1]), int(m[2]), int(m[3])] = float(m[4])
+    cut = {tile: 1 - rows[(*tile, 2)] / rows[(*tile, 1)] for tile in ((64, 64), (128, 64))}
+    small, large = quoted(r"cuts the time by (\d+)% at \$64 \\times 64\$.*?and by (\d+)% at \$128 \\times 64\$",
+                          text("15", "l15-12"))
+    assert (int(small), int(large)) == (round(100 * cut[64, 64]), round(100 * cut[128, 64]))
+
+
+def test_chapter_15_explains_the_two_panels_compute_alone():
+    rows = bench.latest_run(bench.load_records(RECORDS / "edge_dma.jsonl", benchmark="edge_dma"))
+    compute = {r["bandwidth"]: r["parts"]["compute_s"]["median"] for r in rows}
+    slow, fast, ratio = quoted(r"(\d+) ms a tile at 12.5 MB/s against (\d+) ms at 25 MB/s \(([\d.]+)x\)",
+                               text("15", "l15-18"))
+    assert slow == f"{compute[12.5e6] * 1e3:.0f}" and fast == f"{compute[25e6] * 1e3:.0f}"
+    assert ratio == f"{compute[12.5e6] / compute[25e6]:.2f}"
+
+
+def test_chapter_15s_uint8_p_is_clamped_as_the_code_clamps_it():
+    assert 65536 >> 8 == 256 > np.iinfo(np.uint8).max
+    assert "np.minimum(p >> 8, 255)" in (ROOT / "course_lib" / "edge" / "fixed_point.py").read_text()
+    assert r"\min(P \gg 8, 255)" in text("15", "l15-18")
+
+
+def test_chapter_15_calls_uint8_p_the_largest_error_by_the_tables_factor():
+    table = {}
+    for line in _table("15", "l15-21")[1:]:
+        *name, unit, sharp = line.split()
+        table[" ".join(name)] = (float(unit), float(sharp))
+    table_row = table["+ 8-bit exp table, Q16 P, int8 V"]
+    uint8 = table["+ P in uint8 (8-bit table): all int8 / int32"]
+    integer_route = [v for k, v in table.items() if not k.startswith("fp8")]
+    assert max(integer_route) == uint8        # the largest error of the integer route, at both settings
+    words = text("15", "l15-22")
+    assert "is the largest error of the integer route" in words
+    factor, before, after, sharp = quoted(r"([\d.]+)x the error before it at unit variance \(([\d.]+) to ([\d.]+)\) "
+                                          r"and ([\d.]+)x at the sharper", words)
+    assert (before, after) == (f"{table_row[0]:.4f}", f"{uint8[0]:.4f}")
+    assert factor == f"{uint8[0] / table_row[0]:.1f}" and sharp == f"{uint8[1] / table_row[1]:.1f}"
+    assert "roughly doubles" not in words
+
+
+def test_chapter_15_prices_gap8s_cluster_at_its_own_clock():
+    """GreenWaves: the fabric controller runs at up to 250 MHz, the cluster at up to 175 MHz."""
+    from course_lib.core.hardware import hardware
+    from course_lib.edge import manycore
+    gap8 = hardware("gap8")
+    assert float(gap8.peak_flops["int8"]) == pytest.approx(8 * 175e6 * 4 * 2)
+    one = manycore.cluster_step(1, 16, 64, 64, "gap8", layout=manycore.PRIVATE)
+    words = text("15", "l15-31")
+    crossover = quoted(r"Private tiles stop scaling between \d and \d cores \(at ([\d.]+) in the model\)", words)[0]
+    assert crossover == f"{one.compute_s / one.dma_s:.1f}"
+    assert "175 MHz" in words
+
+
+# -- chapter 16 -------------------------------------------------------------------------------------
+
+def _capstone(group):
+    cap = bench.latest_run(bench.load_records(RECORDS / "capstone_cpu.jsonl", benchmark="capstone"))
+    return [r for r in cap if r["group"] == group]
+
+
+def test_chapter_16_quotes_the_second_cores_gain_of_its_record():
+    cores = {r["threads"]: r for r in _capstone("bandwidth")}
+    words = text("16", "c16-05")
+    gain = quoted(r"the second core gave ([\d.]+)x in the fastest rounds", words)[0]
+    assert gain == f"{cores[1]['min_ms'] / cores[2]['min_ms']:.2f}"
+    slow, total = quoted(r"(\d+) of the (\d+) two-core rounds ran at one core's speed", words)
+    two = np.array(cores[2]["times_ms"])
+    assert int(total) == len(two) and int(slow) == int(np.sum(two > 0.9 * cores[1]["min_ms"]))
+    assert "gains much less than 2x" not in words
+
+
+def test_chapter_16_quotes_the_modelled_traffic_ratio_at_the_tiles_the_kernel_ran():
+    rows = [r for r in _capstone("length") if r["path"] == "native"]
+    ratios = [r["model_naive_bytes"] / r["model_flash_bytes"] for r in rows]
+    tile = {(r["block_q"], r["block_k"]) for r in rows}
+    words = text("16", "c16-09")
+    block_q, block_k = quoted(r"With the \$(\d+) \\times (\d+)\$ tiles the kernel ran", words)
+    assert tile == {(int(block_q), int(block_k))}
+    low, high = quoted(r"naive moves ([\d.]+)-([\d.]+)x the tiled kernel's bytes", words)
+    assert (low, high) == (f"{min(ratios):.1f}", f"{max(ratios):.1f}")
+    assert "differ by only 2x" not in words
+
+
+def _matrix_prefill(dtype, path):
+    run = bench.latest_run(bench.load_records(RECORDS / "matrix_cpu.jsonl", benchmark="matrix"))
+    return next(r for r in run if r["workload"] == "summarise" and r["bucket"] == "prefill" and r["mask"] == "none"
+                and r["dtype"] == dtype and r["path"] == path)
+
+
+def test_chapter_16_says_sdpas_half_precisions_are_slower_as_its_table_says():
+    f32 = _matrix_prefill("float32", "public")["min_ms"]
+    words = text("16", "c16-12")
+    bf16, f16 = quoted(r"bfloat16 ([\d.]+)x and float16 ([\d.]+)x its float32 time", words)
+    assert bf16 == f"{_matrix_prefill('bfloat16', 'public')['min_ms'] / f32:.1f}"
+    assert f16 == f"{_matrix_prefill('float16', 'public')['min_ms'] / f32:.1f}"
+    assert "bfloat16 is faster than its float32" not in words
+
+
+def test_chapter_16_names_the_larger_float16_ratio_rightly():
+    conv = {r["case"]: r for r in _capstone("conversion")}
+    whole, bare = conv["float16 call"], conv["kernel, no rounding (the float32 launch)"]
+    n16, n32 = _matrix_prefill("float16", "native"), _matrix_prefill("float32", "native")
+    words = text("16", "c16-20")
+    f32, f16 = quoted(r"float32 ([\d.]+)x, float16 ([\d.]+)x", words)
+    assert (f32, f16) == (f"{n32['min_ms'] / bare['min_ms']:.2f}", f"{n16['min_ms'] / whole['min_ms']:.2f}")
+    in_matrix, in_bench = quoted(r"([\d.]+)x in the matrix, the larger, and ([\d.]+)x in the benchmark", words)
+    assert in_matrix == f"{n16['min_ms'] / n32['min_ms']:.2f}" and in_bench == f"{whole['min_ms'] / bare['min_ms']:.2f}"
+    assert float(in_matrix) > float(in_bench)
+    assert "the matrix's ratio is the smaller" not in words
+
+
+def test_chapter_16_bounds_the_mask_gain_by_the_tile_work_as_measured():
+    rows = _capstone("mask")
+    native = [r for r in rows if r["path"] == "native"]
+    none = next(r for r in native if r["mask"] == "none")
+    gains, tile_ratios = [], []
+    for r in native:
+        if r is none:
+            continue
+        tiles = flash_io(r["N"], r["N"], r["D"], "float32", batch=r["B"], heads=r["H"], block_q=r["block_q"],
+                         block_k=r["block_k"], window_size=tuple(r["window_size"]), causal=r["mask"] == "causal").flops
+        gains.append(none["min_ms"] / r["min_ms"])
+        tile_ratios.append(none["flops"] / tiles)
+    words = text("16", "c16-16")
+    g_low, g_high, t_low, t_high = quoted(r"the gains are ([\d.]+)-([\d.]+)x for tile work ratios of ([\d.]+)-([\d.]+)x",
+                                          words)
+    assert (g_low, g_high) == (f"{min(gains):.1f}", f"{max(gains):.1f}")
+    assert (t_low, t_high) == (f"{min(tile_ratios):.1f}", f"{max(tile_ratios):.1f}")
+    assert all(g < t for g, t in zip(gains, tile_ratios))
+    assert np.argsort(gains).tolist() != np.argsort(tile_ratios).tolist()    # "not in the same order"
+    assert "gain follows the work in the tiles" not in words
+
+
+def test_chapter_16_knows_split_kv_decode_was_measured_in_chapter_10():
+    words = text("16", "c16-25")
+    assert "would fix" not in words
+    assert "chapter 10's split-KV" in words
+    # chapter 10's decode sweep: the rule's splits are faster than one block per row
+    sweep = [r for r in records("gpu_steps.jsonl", benchmark="gpu_steps_decode") if r["impl"].startswith("cuda_")
+             and r.get("median_ms")]
+    for d in {r["D"] for r in sweep}:
+        mine = sorted((r for r in sweep if r["D"] == d), key=lambda r: r["splits"])
+        assert mine[0]["splits"] == 1 and min(r["median_ms"] for r in mine) < mine[0]["median_ms"] / 2
