@@ -162,6 +162,7 @@ def test_chapter_10s_bank_conflict_count_is_the_kernels_and_matches_the_counters
     measured = [got[s, d]["counters"][WAVES] / got[s, d]["counters"][SHARED_LD]
                 for s in ("tiled", "tiled_unsigned") for d in (64, 128)]
     assert "which do not conflict" not in text
+    assert "4-way conflicts of $Q$'s and $P$'s loads" in source("10", "4939e41f")   # section 4 says what it missed
     assert f"**{tiled_passes(64, False):.2f}** ({tiled_passes(128, False):.2f} at D = 128)" in text
     assert f"against the measured {min(measured):.2f}-{max(measured):.2f}" in text
     for d in (64, 128):   # with the row max's reads, the count is `tiled`'s measured passes
