@@ -11,6 +11,7 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import make_qkv
 
 import course_lib
 from course_lib.kernels import flash_numba_cpu
@@ -20,10 +21,8 @@ BACKWARD_IMPLS = [name for name in course_lib.available_backward_impls() if "cud
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
-def problem(dtype=np.float32, B=1, H=2, Nq=9, Nk=11, D=8, seed=0):
-    rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((B, H, n, D)).astype(dtype) for n in (Nq, Nk, Nk))
-    return q, k, v
+def problem(Nq=9, Nk=11, D=8):
+    return make_qkv(0, 1, 2, 2, Nq, Nk, D, dtype=np.float32)
 
 
 @pytest.mark.parametrize("impl", BACKWARD_IMPLS)

@@ -3,29 +3,12 @@
 Each test reads a lecture's markdown (or a stored output) and fails when a sentence states
 something the course's own model, record or the cited source contradicts.
 """
-import json
 import re
-from pathlib import Path
 
 import pytest
+from lectures import markdown, output_of
 
 from course_lib.models import iomodel, sram
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def cells(chapter):
-    path = next((ROOT / "notebooks").glob(f"{chapter}_*.ipynb"))
-    return json.loads(path.read_text())["cells"]
-
-
-def markdown(chapter):
-    return " ".join("".join(c["source"]) for c in cells(chapter) if c["cell_type"] == "markdown").replace("\n", " ")
-
-
-def output_of(chapter, cell_id):
-    cell = next(c for c in cells(chapter) if c.get("id") == cell_id)
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
 
 
 @pytest.mark.parametrize("chapter", ["02", "03"])

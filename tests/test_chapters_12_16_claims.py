@@ -6,51 +6,15 @@ Nothing here times anything: every number comes from a committed record or a mod
 """
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
+from lectures import RECORDS, cell, markdown, output_of, quoted, records, text
 
 from course_lib import bench
 from course_lib.backward import cost
 from course_lib.models.iomodel import flash_io
-
-ROOT = Path(__file__).resolve().parent.parent
-RECORDS = ROOT / "notebooks" / "records"
-
-
-def cells(chapter):
-    path = next((ROOT / "notebooks").glob(f"{chapter}_*.ipynb"))
-    return json.loads(path.read_text())["cells"]
-
-
-def cell(chapter, cell_id):
-    return next(c for c in cells(chapter) if c.get("id") == cell_id)
-
-
-def text(chapter, cell_id):
-    """One markdown cell's text, its line breaks as spaces."""
-    return " ".join("".join(cell(chapter, cell_id)["source"]).split())
-
-
-def markdown(chapter):
-    return " ".join(" ".join("".join(c["source"]).split()) for c in cells(chapter) if c["cell_type"] == "markdown")
-
-
-def output_of(chapter, cell_id):
-    return "".join("".join(o.get("text", "")) for o in cell(chapter, cell_id).get("outputs", []))
-
-
-def records(name, **match):
-    rows = [json.loads(line) for line in (RECORDS / name).read_text().splitlines() if line.strip()]
-    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-
-
-def quoted(pattern, where):
-    found = re.search(pattern, where)
-    assert found, f"the sentence /{pattern}/ is not in the text"
-    return found.groups()
-
 
 # -- chapter 12 -------------------------------------------------------------------------------------
 
@@ -170,7 +134,7 @@ def test_chapter_15_explains_the_two_panels_compute_alone():
 
 def test_chapter_15s_uint8_p_is_clamped_as_the_code_clamps_it():
     assert 65536 >> 8 == 256 > np.iinfo(np.uint8).max
-    assert "np.minimum(p >> 8, 255)" in (ROOT / "course_lib" / "edge" / "fixed_point.py").read_text()
+    assert "np.minimum(p >> 8, 255)" in (REPO / "course_lib" / "edge" / "fixed_point.py").read_text()
     assert r"\min(P \gg 8, 255)" in text("15", "l15-18")
 
 

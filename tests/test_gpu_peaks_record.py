@@ -5,30 +5,25 @@ plotted shape (``models.roofline.ATTENTION_SPEEDS``) and the ncu byte counts of 
 (``models.iomodel.MEASURED_NCU``) are constants a lecture prints; each must equal its record, and
 the numbers chapter 02's text quotes must equal those.
 """
-import json
 import re
-from pathlib import Path
 
 import pytest
+from lectures import markdown, records
 
 from course_lib.core import hardware
 from course_lib.models import iomodel, roofline
 
-ROOT = Path(__file__).resolve().parent.parent
-RECORDS = [json.loads(line) for line in (ROOT / "notebooks/records/gpu_peaks.jsonl").read_text().splitlines()
-           if line.strip()]
 RUN = "20261207T183811+0000"
 
 
 def recorded(**match):
-    found = [r for r in RECORDS if r["run"] == RUN and all(r.get(k) == v for k, v in match.items())]
+    found = records("gpu_peaks", run=RUN, **match)
     assert len(found) == 1, match
     return found[0]
 
 
 def chapter_02_text():
-    cells = json.loads((ROOT / "notebooks/02_roofline.ipynb").read_text())["cells"]
-    return " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").replace("\n", " ")
+    return markdown("02")
 
 
 def test_the_h200_ceilings_are_the_recorded_ones():
