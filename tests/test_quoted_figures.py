@@ -9,28 +9,21 @@ quotes no measurement of its own.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import statistics
-from pathlib import Path
 
 import pytest
+from conftest import REPO
+from lectures import records as _records
 
 from course_lib import kernels
 
-REPO = Path(__file__).resolve().parent.parent
-RECORDS = REPO / "notebooks" / "records"
 _spec = importlib.util.spec_from_file_location("results", REPO / "benchmarks" / "results.py")
 results = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(results)
 
 # Where the registry's impls are timed at their defaults, by records file.
 TIMING_BENCHMARKS = {"gpu_steps": "gpu_steps", "gpu_steps_chain": "gpu_steps_chain", "gpu_mma": "gpu_mma_time"}
-
-
-def _records(name):
-    with (RECORDS / f"{name}.jsonl").open() as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _quoted_rows(doc):
