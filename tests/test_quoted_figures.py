@@ -9,6 +9,7 @@ quotes no measurement of its own.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import statistics
 
