@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 
-.PHONY: lab test exercises notebooks venv clean
+.PHONY: lab test lint exercises notebooks venv clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,11 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests notebooks solutions $(NBVAL) $(PYTEST_ARGS)
+
+# The habits pyproject.toml's [tool.ruff] sets down: pyflakes, pycodestyle, bugbear, sorted imports,
+# no blind except without a reason, no # noqa that silences nothing.
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # Regenerate the student copies in exercises/ from solutions/.
 exercises: $(STAMP)
