@@ -125,7 +125,7 @@ def tile_gemm_rate(blas, D, repeats=200):
         import numba
 
         from course_lib.kernels.blas_add import dot_add
-        from course_lib.kernels.flash_numba_cpu import scipy_openblas
+        from course_lib.kernels.cpu_steps import scipy_openblas
         library = scipy_openblas()
         if library is not None:
             library.scipy_openblas_set_num_threads(1)
@@ -164,7 +164,7 @@ def phase_times(N, D, repeats=3):
     from course_lib.core import rules
     from course_lib.kernels import backward_numba_cpu as kernel
     from course_lib.kernels.blas_add import dot_add
-    from course_lib.kernels.flash_numba_cpu import scipy_openblas
+    from course_lib.kernels.cpu_steps import scipy_openblas
     library = scipy_openblas()
     if library is not None:
         library.scipy_openblas_set_num_threads(1)

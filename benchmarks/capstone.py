@@ -49,7 +49,7 @@ B, H, D, N = 1, 4, 64, 1024
 
 def kernel_tiles():
     """(block_q, block_k) that flash_numba_cpu runs on this machine for D = 64 in float32 when a call gives none."""
-    from course_lib.kernels import flash_numba_cpu
+    from course_lib.kernels import cpu_steps as flash_numba_cpu
     return flash_numba_cpu.tile_sizes_for(D, D, np.dtype(np.float32).itemsize)
 
 
@@ -150,7 +150,7 @@ def length_and_mask_groups(rounds, lengths):
 
 def conversion_group(rounds, n=N):
     from course_lib.core import options
-    from course_lib.kernels import flash_numba_cpu as kernel
+    from course_lib.kernels import cpu_steps as kernel
     from course_lib.kernels import launch as host
     from course_lib import api
     q16, k16, v16 = qkv(n, np.float16)

@@ -461,7 +461,7 @@ def avx512():
 
 def phases_worker(shape, repeats=5):
     """Where one thread's time goes in flash_numba_cpu at ``shape``: the kernel, its tile matmuls alone
-    (the same np.dot calls on the same tiles), its row passes alone (form_p on a tile of scores, as
+    (the same np.dot calls on the same tiles), its row passes alone (softmax_tile_exp2 on a tile of scores, as
     many times as the kernel calls it), and torch on one thread; the fastest of ``repeats`` each."""
     import numba
     import torch
@@ -469,7 +469,7 @@ def phases_worker(shape, repeats=5):
 
     import course_lib
     from course_lib.core import rules
-    from course_lib.kernels import flash_numba_cpu as fnc
+    from course_lib.kernels import cpu_steps as fnc
     numba.set_num_threads(1)
     torch.set_num_threads(1)
     fnc.scipy_openblas().scipy_openblas_set_num_threads(1)
@@ -491,12 +491,11 @@ def phases_worker(shape, repeats=5):
         Br, Bc = scores.shape
         S = np.empty_like(scores)
         m, l, Oi = np.full(Br, -np.inf, np.float32), np.zeros(Br, np.float32), np.zeros((Br, Dv), np.float32)
-        bits = np.zeros(Bc, np.int32)
         for _ in range(tiles):
             S[:] = scores                                              # a fresh tile of scores, as the GEMM writes it
             if form:
-                fnc.form_p(S, Br, Bc, 0, 0, rules.FULL, np.float32(1), np.float32(0), False, 0.0, 0, -1, -1, True,
-                           True, True, 0, 0, m, l, Oi, bits)
+                fnc.softmax_tile_exp2(S, Br, Bc, 0, 0, rules.FULL, np.float32(0), False, 0.0, 0, -1, -1, True,
+                                      m, l, Oi)
 
     def faults(call):
         """Minor page faults during one call: memory the OS had to hand the process (first touch)."""
@@ -535,7 +534,7 @@ def phases_worker(shape, repeats=5):
         "row_pass_s": fastest(lambda: row_passes(scores, tiles, D, True)) - copy_s,
         "torch_s": fastest(torch_call), "tiles": [Br, Bc], "threads": 1, "load_1min": os.getloadavg()[0],
         "blas_core": fnc.blas_core(),
-        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (form_p), torch; "
+        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (softmax_tile_exp2), torch; "
                 "flash_numba_cpu_wide (buffers per item) and page faults of one call each"}))
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.kernels import flash_numba_cpu
+from course_lib.kernels import cpu_steps
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "capstone.py"
 
@@ -16,7 +16,7 @@ def capstone():
     return module
 
 
-@pytest.mark.skipif(not flash_numba_cpu.available(), reason="numba is not installed")
+@pytest.mark.skipif(not cpu_steps.available(), reason="numba is not installed")
 def test_the_kernel_with_p_rounded_in_its_loop_is_the_float16_call():
     records = {r["case"]: r for r in capstone().conversion_group(rounds=1, n=96)}
     assert set(records) == {"float16 call", "inputs to float32 alone", "kernel, P rounded to float16 in the loop",

@@ -9,7 +9,7 @@ import course_lib
 from course_lib import checks
 from course_lib.core import rules
 from course_lib.core.options import attention_options
-from course_lib.kernels import flash_numba_cpu as fnc
+from course_lib.kernels import cpu_steps as fnc
 
 STEP_IMPLS = ["flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
               "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu_wide",
@@ -73,12 +73,12 @@ def test_tile_sizes_fill_at_most_half_the_l2():
 
 def test_balanced_items_alternate_heaviest_and_lightest():
     tiles = np.array([[rules.FULL if c <= r else rules.EMPTY for c in range(4)] for r in range(4)], np.int8)
-    items = fnc.work_items(1, 2, tiles, 1, balanced=True)
+    items = fnc.balanced_items(1, 2, tiles, 1)
     cost = [int(np.count_nonzero(tiles[t] != rules.EMPTY)) for t in items[:, 2]]
     assert cost == [4, 1, 4, 1, 3, 2, 3, 2]
-    zigzag = fnc.work_items(1, 1, tiles, 1, balanced=False)
+    zigzag = fnc.zigzag_items(1, 1, tiles, 1)
     assert zigzag[:, 2].tolist() == [0, 3, 1, 2]
-    assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, fnc.work_items(1, 2, tiles, 1, False).tolist()))
+    assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, fnc.zigzag_items(1, 2, tiles, 1).tolist()))
 
 
 def test_decoding_splits_the_keys_and_few_items_only():
@@ -125,7 +125,7 @@ def test_the_wide_step_takes_pytorchs_tiles():
 
 def test_balanced_items_give_each_threads_run_the_same_work():
     tiles = np.array([[rules.FULL if c <= r else rules.EMPTY for c in range(8)] for r in range(8)], np.int8)
-    items = fnc.work_items(1, 2, tiles, 1, balanced=True)
+    items = fnc.balanced_items(1, 2, tiles, 1)
     cost = np.array([int(np.count_nonzero(tiles[t] != rules.EMPTY)) for t in items[:, 2]])
     for runs in (2, 4):                                   # prange's contiguous runs, one per thread
         shares = [int(run.sum()) for run in np.array_split(cost, runs)]
@@ -134,16 +134,15 @@ def test_balanced_items_give_each_threads_run_the_same_work():
 
 def test_heaviest_first_sorts_the_items_by_cost_and_nothing_else():
     tiles = np.array([[rules.FULL if c <= r else rules.EMPTY for c in range(4)] for r in range(4)], np.int8)
-    items = fnc.work_items(1, 2, tiles, 1, balanced=True, heaviest_first=True)
+    items = fnc.heaviest_first_items(1, 2, tiles, 1)
     cost = [int(np.count_nonzero(tiles[t] != rules.EMPTY)) for t in items[:, 2]]
     assert cost == [4, 4, 3, 3, 2, 2, 1, 1]
-    assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, fnc.work_items(1, 2, tiles, 1, False).tolist()))
+    assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, fnc.zigzag_items(1, 2, tiles, 1).tolist()))
 
 
-def test_item_runs_are_one_per_item_or_one_per_thread_and_cover_every_item():
-    assert fnc.item_runs(5, 2, per_thread=False).tolist() == [0, 1, 2, 3, 4, 5]
-    assert fnc.item_runs(5, 2, per_thread=True).tolist() == [0, 2, 5]
-    assert fnc.item_runs(1, 4, per_thread=True).tolist() == [0, 0, 0, 0, 1]      # a thread may get none
+def test_thread_runs_are_one_per_thread_and_cover_every_item():
+    assert fnc.thread_runs(5, 2).tolist() == [0, 2, 5]
+    assert fnc.thread_runs(1, 4).tolist() == [0, 0, 0, 0, 1]      # a thread may get none
 
 
 def test_the_counter_hands_out_every_number_once_across_threads():

@@ -17,8 +17,9 @@ import course_lib
 from course_lib import checks, kernels
 from course_lib.core.options import attention_options
 from course_lib.core import rules
-from course_lib.kernels import cpu_tile
-from course_lib.kernels import flash_numba_cpu as fnc
+from course_lib.kernels import cpu_steps as fnc
+from course_lib.kernels.cpu_steps import tile as cpu_tile
+from course_lib.kernels.cpu_steps import versions
 from course_lib.kernels import launch
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
@@ -168,7 +169,7 @@ def test_a_nan_row_comes_back_nan_with_a_nan_lse_never_minus_inf():
 def test_a_compile_failure_is_an_error_naming_the_kernel(monkeypatch):
     def fails(*args):
         raise numba.core.errors.TypingError("cannot type this")
-    monkeypatch.setattr(fnc, "forward_kernel", fails)
+    monkeypatch.setattr(versions, "handout_kernel", fails)
     q = np.zeros((1, 1, 4, 4), np.float32)
     with pytest.raises(RuntimeError, match="flash_numba_cpu failed to compile for float32 inputs: cannot type this"):
         course_lib.attention(q, q, q, impl="flash_numba_cpu")

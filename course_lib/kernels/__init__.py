@@ -96,7 +96,7 @@ def _mma_step(name, what):
 
 
 def _cpu_step(name, what):
-    return Impl("course_lib.kernels.flash_numba_cpu", what, "flash_forward", {"step": name})
+    return Impl("course_lib.kernels.cpu_steps", what, "flash_forward", {"step": name})
 
 
 IMPLS = {
@@ -113,7 +113,7 @@ IMPLS = {
     "flash_numba_cpu_exp2": _cpu_step("exp2", "base 2: the row max vectorised, exp2 and its sum in one loop"),
     "flash_numba_cpu_wide": _cpu_step("wide", "PyTorch's tiles (256 x 512), on the base-2 row pass"),
     "flash_numba_cpu_scratch": _cpu_step("scratch", "tile buffers allocated once per thread, not per work item"),
-    "flash_numba_cpu": Impl("course_lib.kernels.flash_numba_cpu",
+    "flash_numba_cpu": Impl("course_lib.kernels.cpu_steps",
                             "work items heaviest first, one at a time from a shared counter (chapter 08)"),
     "flash_numba_cuda": Impl("course_lib.kernels.flash_numba_cuda",
                              "one CUDA thread per query row, K / V tiles in shared memory (chapter 09)", cuda=True),

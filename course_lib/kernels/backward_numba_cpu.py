@@ -3,7 +3,7 @@
 Chapter 12's compiled kernel: ``backward_numpy``'s FA2 loop order with Numba,
 built the way chapter 08 built the forward: every tile matmul is one BLAS call
 on contiguous tiles inside njit (SciPy's BLAS, one thread inside each of
-prange's: ``flash_numba_cpu.scipy_openblas``), the tiles are views of q, k, v
+prange's: ``cpu_steps.scipy_openblas``), the tiles are views of q, k, v
 and dO where they lie (``load_tile``: no copy), and the exponentials are
 chapter 08's vectorised ``exp_row``.  S and dP are ``np.dot``; the three
 matmuls that accumulate (into dVj, dKj, dQi) are ``blas_add.dot_add``, gemm
@@ -65,7 +65,8 @@ except ModuleNotFoundError:  # an optional package missing: the impl is unavaila
 from ..core import rules
 from ..core.reference_backward import sum_groups
 from . import launch as host
-from .flash_numba_cpu import FASTMATH, scipy_openblas
+from .cpu_steps.host import scipy_openblas
+from .cpu_steps.tile import FASTMATH
 
 DQ_MODES = ("partials", "second_pass")
 # (Br, Bc) when the call gives none, from ``benchmarks/backward.py --tiles`` on this machine (chapter 12
@@ -85,8 +86,8 @@ def available() -> bool:
 
 if numba is not None:
     from .blas_add import dot_add
-    from .cpu_tile import alibi_row, exp_row_shifted, hide_outside_window
-    from .flash_numba_cpu import exp_row, round_to_bits, shift_of, softcap
+    from .cpu_steps.tile import (alibi_row, exp_row, exp_row_shifted, hide_outside_window, round_to_bits,
+                                 shift_of, softcap)
 
     softcap_slope = numba.njit(cache=True)(rules.softcap_slope)
 

@@ -34,7 +34,9 @@ sees fully needs no elementwise mask, only the ``partial`` ones do.
 Every load from and store to a full-size array ("HBM"), and every buffer the
 tile holds on chip ("SRAM"), goes through a ``Memory``.  The default one
 (``Memory``) counts bytes per tensor into the ``TileStats`` of the call; the
-counted kernel passes one that also tracks the on-chip peak.
+counted kernel passes one that also tracks the on-chip peak.  The FA2 loop
+speaks to it through ``OnChip``, which does the counting, the holding and
+float8's dequantising, so that the loop reads as the paper's algorithm.
 
 Precision is ``core.rules``': tiles are loaded in the input dtype; Q K^T and
 P V accumulate in ``rules.acc_dtype`` (float32, float64 for float64 input); at
@@ -134,9 +136,9 @@ class Memory:
 
 # -- the loop bodies: one query tile against one key tile ---------------------------
 
-def _count_tile(stats, Qi, Kj, Vj, kind):
+def _count_tile(stats, Qi, Kj, dv, kind):
     batch_heads, rows, d = int(np.prod(Qi.shape[:-2])), Qi.shape[-2], Qi.shape[-1]
-    cols, dv = Kj.shape[-2], Vj.shape[-1]
+    cols = Kj.shape[-2]
     stats.computed += 1
     stats.masked += kind == PARTIAL
     stats.flops += 2 * batch_heads * rows * cols * (d + dv)
@@ -156,44 +158,86 @@ def _visit(mask, r0, r1, c0, c1, skip_empty_tiles):
     return None if kind == EMPTY and skip_empty_tiles else kind
 
 
+class OnChip:
+    """The tiled forward's view of its memory, in the algorithm's words; the bookkeeping behind them.
+
+    ``load`` brings a tile on chip (its bytes counted as a read, its buffer
+    held; float8 tiles dequantised with their descales on arrival),
+    ``keep`` holds the running (m, l, Oi), ``visit`` says whether a tile is
+    computed or skipped, ``scores`` forms Sij (masked only where the tile
+    needs it) and counts the tile's FLOPs, ``write`` stores Oi and lse_i once
+    and frees the query tile's buffers.  Underneath, ``mem`` counts the HBM
+    traffic (and, for the counted kernel, the on-chip bytes and their peak)
+    and ``stats`` the tiles.
+    """
+
+    def __init__(self, q, v, opts, mask, mem, stats, skip_empty_tiles=True, return_lse=True):
+        self.opts, self.mask, self.mem, self.stats = opts, mask, mem, stats
+        self.skip_empty_tiles, self.return_lse = skip_empty_tiles, return_lse
+        self.acc_dtype, self.p_dtype = rules.acc_dtype(q.dtype), rules.p_round_dtype(q.dtype)
+        self.P_LOW, self.O_LOW = buffer_names(q.dtype)
+        self.Dv = v.shape[3]
+        self.descale = dict(zip("QKV", opts.descale)) if opts.descale is not None else {}
+
+    def load(self, name, array, index):
+        """Tile ``array[index]`` of tensor ``name`` ("Q", "K" or "V") on chip, in the accumulation dtype."""
+        tile = self.mem.hold(f"{name} tile", self.mem.load(name, array, index))
+        if name in self.descale:                   # float8: one byte a value crossed, dequantised here
+            tile = dequantize(tile, self.descale[name], self.acc_dtype)
+        return tile
+
+    def keep(self, m, l, Oi):
+        """(m, l, Oi) held on chip for the whole inner loop."""
+        return self.mem.hold("m (row max)", m), self.mem.hold("l (row sum)", l), self.mem.hold("O accumulator", Oi)
+
+    def visit(self, r0, r1, c0, c1):
+        """The kind of tile (rows [r0, r1), keys [c0, c1)), or None when it is skipped (never loaded)."""
+        self.mem.free("S / P tile", self.P_LOW)    # the tile before is done
+        kind = _visit(self.mask, r0, r1, c0, c1, self.skip_empty_tiles)
+        self.stats.skipped += kind is None
+        return kind
+
+    def scores(self, Qi, Kj, r0, r1, c0, c1, kind):
+        """Sij = scale Qi Kj^T (capped, biased), masked only if the tile is partial; P's low-precision copy
+        for P V reserved beside it."""
+        Sij = _scores(self.mem, Qi, Kj, self.opts, self.mask, r0, r1, c0, c1, kind, self.acc_dtype)
+        if self.p_dtype is not None:
+            self.mem.reserve(self.P_LOW, Sij.shape, self.p_dtype)       # P rounded for the P V matmul
+        _count_tile(self.stats, Qi, Kj, self.Dv, kind)
+        return Sij
+
+    def write(self, O, L, rows, out, lse):
+        """O[rows] = out in O's dtype and L[rows] = lse (if asked for); the query tile's buffers freed."""
+        self.mem.free("S / P tile", self.P_LOW)
+        if O.dtype != self.acc_dtype:
+            out = self.mem.hold(self.O_LOW, out.astype(O.dtype))
+        self.mem.store("O", O, rows, out)
+        if self.return_lse:
+            self.mem.store("lse", L, rows, lse)
+        self.mem.free("Q tile", "K tile", "V tile", "m (row max)", "l (row sum)", "O accumulator", self.O_LOW)
+
+
 def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True, return_lse=True):
+    """FA2's loop order (FlashAttention-2, Algorithm 1): query tiles outer, key / value tiles inner."""
+    chip = OnChip(q, v, opts, mask, mem, stats, skip_empty_tiles, return_lse)
     B, H, Nq, _ = q.shape
     Dv = v.shape[3]
-    acc_dtype, p_dtype = rules.acc_dtype(q.dtype), rules.p_round_dtype(q.dtype)
-    P_LOW, O_LOW = buffer_names(q.dtype)
-    o_dtype = rules.out_dtype(q.dtype)
-    qd, kd, vd = opts.descale or (None, None, None)  # float8 inputs: tiles dequantised as they arrive
     kv = kv_head_index(H, k.shape[1])  # the K/V head each query head reads (GQA / MQA)
-    O = np.zeros((B, H, Nq, Dv), dtype=o_dtype)
+    O = np.zeros((B, H, Nq, Dv), dtype=rules.out_dtype(q.dtype))   # in HBM
     L = np.full((B, H, Nq), -np.inf, dtype=rules.lse_dtype(q.dtype))
     for r0, r1 in tile_ranges(Nq, Br):                               # outer: the Tr query tiles
-        Qi = mem.hold("Q tile", mem.load("Q", q, np.s_[:, :, r0:r1]))  # (B, H, Br, D)
-        if qd is not None:
-            Qi = dequantize(Qi, qd, acc_dtype)
-        m, l, Oi = init_state((B, H, r1 - r0), Dv, acc_dtype)       # on chip for the whole inner loop
-        mem.hold("m (row max)", m), mem.hold("l (row sum)", l), mem.hold("O accumulator", Oi)
+        Qi = chip.load("Q", q, np.s_[:, :, r0:r1])                   # (B, H, Br, D)
+        m, l, Oi = chip.keep(*init_state((B, H, r1 - r0), Dv, chip.acc_dtype))  # on chip for the inner loop
         for c0, c1 in tile_ranges(mask.seqlen_k, Bc):                # inner: the Tc key/value tiles
-            kind = _visit(mask, r0, r1, c0, c1, skip_empty_tiles)
+            kind = chip.visit(r0, r1, c0, c1)
             if kind is None:
-                stats.skipped += 1
-                continue
-            Kj = mem.hold("K tile", mem.load("K", k, np.s_[:, kv, c0:c1]))  # (B, H, Bc, D)
-            Vj = mem.hold("V tile", mem.load("V", v, np.s_[:, kv, c0:c1]))  # (B, H, Bc, Dv)
-            if kd is not None:
-                Kj, Vj = dequantize(Kj, kd, acc_dtype), dequantize(Vj, vd, acc_dtype)
-            Sij = _scores(mem, Qi, Kj, opts, mask, r0, r1, c0, c1, kind, acc_dtype)
-            if p_dtype is not None:
-                mem.reserve(P_LOW, Sij.shape, p_dtype)              # P rounded for the P V matmul
-            m, l, Oi, _ = online_update(m, l, Oi, Sij, Vj, p_dtype)  # rescale, then add Pij Vj
-            _count_tile(stats, Qi, Kj, Vj, kind)
-            mem.free("S / P tile", P_LOW)
+                continue                                             # no query sees it: Kj, Vj never loaded
+            Kj = chip.load("K", k, np.s_[:, kv, c0:c1])              # (B, H, Bc, D)
+            Vj = chip.load("V", v, np.s_[:, kv, c0:c1])              # (B, H, Bc, Dv)
+            Sij = chip.scores(Qi, Kj, r0, r1, c0, c1, kind)          # (B, H, Br, Bc)
+            m, l, Oi, _ = online_update(m, l, Oi, Sij, Vj, chip.p_dtype)  # rescale, then add Pij Vj
         out, lse = finalize(m, l, Oi)                                # divide by l once, at the end
-        if o_dtype != acc_dtype:
-            out = mem.hold(O_LOW, out.astype(o_dtype))
-        mem.store("O", O, np.s_[:, :, r0:r1], out)                   # write Oi and lse_i once
-        if return_lse:
-            mem.store("lse", L, np.s_[:, :, r0:r1], lse)
-        mem.free("Q tile", "K tile", "V tile", "m (row max)", "l (row sum)", "O accumulator", O_LOW)
+        chip.write(O, L, np.s_[:, :, r0:r1], out, lse)               # write Oi and lse_i once
     return O, L
 
 
@@ -237,7 +281,7 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
             mem.store("O", O, rows, finalize_out(l_new, numer))
             mem.store("l", l, rows, l_new)
             mem.store("m", m, rows, m_new)
-            _count_tile(stats, Qi, Kj, Vj, kind)
+            _count_tile(stats, Qi, Kj, Vj.shape[-1], kind)
             mem.free("Q tile", "O accumulator", "l (row sum)", "m (row max)", "S / P tile", P_LOW)
         mem.free("K tile", "V tile")
     # a last pass per query tile: lse = m + log l, and (low precision) O converted to the output dtype

@@ -1,11 +1,12 @@
-"""What a work item of ``flash_numba_cpu`` does to one tile besides BLAS: chapter 08's tile pieces.
+"""What a work item of chapter 08's kernel does to one tile besides BLAS: the tile pieces.
 
-The register micro-kernel (``matmul_nt``, step ``microkernel``), the vectorised
-exp, and the row passes that turn a tile of scores Sij into Pij while they
-update the online softmax's (m, l) and rescale Oi: one score at a time through
-the scalar rules (``softmax_tile_scalar``), whole-row loops with no branch
-(``softmax_tile_vector``), and in base 2 with two passes over a row
-(``softmax_tile_exp2``).  ``form_p`` is the one place a tile's P is formed.
+The register micro-kernel (``matmul_nt``, version ``microkernel``), the
+vectorised exp, and the row passes that turn a tile of scores Sij into Pij
+while they update the online softmax's (m, l) and rescale Oi: one score at a
+time through the scalar rules (``softmax_tile_scalar``), whole-row loops with
+no branch (``softmax_tile_vector``), and in base 2 with two passes over a row
+(``softmax_tile_exp2``); then ``round_p``, P as the matrix unit takes it.
+Chapter 12's compiled backward shares the exp and the masks.
 
 Two small LLVM intrinsics let the base-2 pass vectorise where plain Python
 cannot say what it means: ``maximum`` (IEEE 754-2019's maximum, a NaN on either
@@ -28,7 +29,7 @@ try:
 except ModuleNotFoundError:  # an optional package missing: the impl is unavailable, nothing else
     numba = None
 
-from ..core import rules
+from ...core import rules
 
 # What fastmath may do here (see the module docstring): no 'nnan', no 'ninf'.
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
@@ -288,7 +289,7 @@ if numba is not None:
 
         S comes in log2 units: scale * log2(e) was folded into Qi, so the
         scores need no pass of their own, and p = 2**(s - m) (m, and so lse's
-        m, in log2 units too; ``query_tile`` turns lse back).  The cap and the
+        m, in log2 units too; ``versions.write_rows_base2`` turns lse back).  The cap and the
         bias work in natural units, converted on the way.  Pass one: the row's
         max, by ``maximum`` (vectorised; a NaN score wins, so the row comes out
         NaN).  Pass two: 2**(s - m) and its sum in one loop.  Oi is rescaled
@@ -334,20 +335,3 @@ if numba is not None:
             for r in range(n_r):
                 for c in range(n_c):
                     S[r, c] = dtype(round_to_bits(S[r, c], round_bits, round_min_exponent))
-
-    @numba.njit(cache=True, fastmath=FASTMATH)
-    def form_p(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right, fast_exp,
-               row_vector, base2, round_bits, round_min_exponent, m, l, Oi, exponent_bits):
-        """The one place a tile's P is formed, in place of its S: the online softmax
-        (m, l and Oi's rescaling updated), then P as the matrix unit takes it."""
-        if base2:
-            softmax_tile_exp2(S, n_r, n_c, i0, j0, kind, cap, alibi, slope, offset, left, right,
-                              fast_exp, m, l, Oi)
-        elif row_vector:
-            softmax_tile_vector(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
-                                fast_exp, m, l, Oi, exponent_bits)
-        else:
-            softmax_tile_scalar(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
-                                fast_exp, m, l, Oi, exponent_bits)
-        round_p(S, n_r, n_c, round_bits, round_min_exponent)
-
