@@ -9,16 +9,16 @@ from functools import partial
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import make_qkv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import course_lib
 from course_lib import checks
-from course_lib.core.options import call_forward
-from course_lib.kernels import counted
-from course_lib.models import iomodel
-from course_lib.kernels import flash_numpy
 from course_lib.core.masks import EMPTY, PARTIAL
+from course_lib.core.options import call_forward
+from course_lib.kernels import counted, flash_numpy
+from course_lib.models import iomodel
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 BLOCKS = [None, 1, 2, 3, 5, 7, 16, 33, 64, 100]
@@ -29,13 +29,6 @@ def run(loop_order, q, k, v, **options):
     """The flash forward in one loop order, through the public validation."""
     impl = {"fa2": "flash_numpy", "fa1": "flash_numpy_fa1"}[loop_order]
     return course_lib.attention(q, k, v, impl=impl, return_lse=True, **options)
-
-
-def make_qkv(rng, batch, heads, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_v, dtype, scale=1.0):
-    q = (scale * rng.standard_normal((batch, heads, seqlen_q, head_dim))).astype(dtype)
-    k = (scale * rng.standard_normal((batch, heads_k, seqlen_k, head_dim))).astype(dtype)
-    v = rng.standard_normal((batch, heads_k, seqlen_k, head_dim_v)).astype(dtype)
-    return q, k, v
 
 
 @st.composite
@@ -121,7 +114,7 @@ def test_fully_masked_rows_give_zero_and_minus_inf_lse(loop_order, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_extreme_logits_give_no_nan_or_inf(loop_order, dtype):
     rng = np.random.default_rng(5)
-    q, k, v = make_qkv(rng, 1, 2, 2, 33, 47, 16, 8, dtype, scale=8.0)
+    q, k, v = make_qkv(rng, 1, 2, 2, 33, 47, 16, 8, dtype, q_scale=8.0, k_scale=8.0)
     for scale in (1e3, 1e4):  # scores in the tens of thousands: exp would overflow without the max
         out, lse = run(loop_order, q, k, v, softmax_scale=scale, block_q=7, block_k=6, causal=True)
         assert np.all(np.isfinite(out.astype(np.float64))) and np.all(np.isfinite(lse))
