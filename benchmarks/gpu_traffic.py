@@ -17,11 +17,9 @@ import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum"]
 IMPLS = ["torch_naive", "torch_sdpa_efficient", "cuda_tuned"]
@@ -30,7 +28,6 @@ IMPLS = ["torch_naive", "torch_sdpa_efficient", "cuda_tuned"]
 def child(impl, B, H, N, D, tuned):
     import torch
     import torch.cuda.profiler as profiler
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_steps as gs
     from course_lib import bench
     from course_lib.kernels import cuda_steps as cs
@@ -106,7 +103,7 @@ def main(argv=None):
     from course_lib import bench
     env = bench.environment()
     run = bench.new_run()
-    with open(args.out, "a", encoding="utf-8") as out:
+    with bench.RecordFile(args.out) as out:
         for shape in args.shapes:
             B, H, N, D = (int(x) for x in shape.split(","))
             for impl in args.impls:
@@ -133,8 +130,7 @@ def main(argv=None):
                 except Exception as error:  # noqa: BLE001
                     rec = {"benchmark": "gpu_traffic", "run_id": run, "impl": impl, "B": B, "H": H, "Nq": N,
                            "D": D, "error": f"{type(error).__name__}: {error}", "environment": env}
-                out.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
-                out.flush()
+                out.write(rec)
                 print(f"traffic {impl:22s} B={B} H={H} N={N} D={D}: read {rec.get('dram_bytes_read', 0) / 1e6:10.1f} MB "
                       f"write {rec.get('dram_bytes_write', 0) / 1e6:10.1f} MB  kernels {len(rec.get('kernels', []))} "
                       f"{rec.get('error', '')}{rec.get('stderr_tail', '')[-300:]}", flush=True)
