@@ -168,8 +168,7 @@ def main(argv=None):
     if args.child:
         mma_child(shapes) if args.mma else child(shapes, steps, args.tuned)
         return
-    import gpu_traffic
-    import ncu
+    from course_lib.bench import ncu
     from course_lib import bench
     wanted = MMA_METRICS if args.mma else METRICS
     metrics = known_metrics(args.ncu, wanted)
@@ -180,7 +179,7 @@ def main(argv=None):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=560, env=os.environ)
     order = next((json.loads(line[len("CHILD-ORDER "):]) for line in r.stdout.splitlines()
                   if line.startswith("CHILD-ORDER ")), [])
-    rows = gpu_traffic.kernel_rows(r.stdout, metrics)
+    rows = ncu.kernel_rows(r.stdout, metrics)
     env, run = bench.environment(), bench.new_run()
     if len(rows) != len(order):
         print(f"expected {len(order)} profiled kernels, got {len(rows)}; rc={r.returncode}\n"

@@ -12,12 +12,12 @@ its metrics, so the times it reports are not timings; use gpu_steps.py's.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import subprocess
 from pathlib import Path
+
+from course_lib.bench import ncu
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,19 +52,9 @@ def child(impl, B, H, N, D, tuned):
     print("CHILD-EXTRA " + json.dumps(extra))
 
 
-def kernel_rows(text, metrics):
-    """One {metric: value} per kernel ncu profiled, in launch order (its --csv --page raw output)."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
-    rows = [r for r in rows if r.get("Kernel Name") and r.get(metrics[0], "").replace(",", "").replace(".", "").isdigit()]
-    return [{"kernel": r["Kernel Name"][:80],
-             **{m: float(r[m].replace(",", "")) for m in metrics if r.get(m, "").replace(",", "").replace(".", "").isdigit()}}
-            for r in rows]
-
-
 def parse(text):
     """Sum each metric over the kernels ncu profiled."""
-    rows = kernel_rows(text, METRICS)
+    rows = ncu.kernel_rows(text, METRICS)
     total = {m: sum(r.get(m, 0.0) for r in rows) for m in METRICS}
     return total, [r["kernel"] for r in rows], {}
 
@@ -99,7 +89,6 @@ def main(argv=None):
         impl, B, H, N, D = args.child
         child(impl, int(B), int(H), int(N), int(D), args.tuned)
         return
-    import ncu
     from course_lib import bench
     env = bench.environment()
     run = bench.new_run()

@@ -18,6 +18,7 @@ timings taken minutes apart on a shared machine are not comparable.
   every record file), ``load_records``, ``latest_run``, ``new_run``, ``environment`` and
   ``gpu_environment``, ``attention_bytes``, and the layers a time can measure;
 - ``cases``: the awkward attention cases every CUDA kernel is checked on, in the simulator and on a GPU;
+- ``ncu``: the command that runs a benchmark's child under Nsight Compute, and the rows it prints;
 - ``peers``: PyTorch's naive attention and SDPA backends, the peers of every comparison;
 - ``envreport``: the versions and devices of this machine, printed;
 - ``cli``: ``python -m course_lib.bench``, the shape buckets and their report;
