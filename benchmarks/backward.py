@@ -386,7 +386,8 @@ def main(argv=None):
                                 time_s=float(np.median(values)), causal=c, run=run, env=env, layer="end to end",
                                 pass_="backward", block_q=Br, block_k=Bc,
                                 default_tiles=[int(n) for n in defaults[c].split("x")],
-                                speedup_vs_default_tiles=ratio, load_average=load, **bench.spread(values, "s", every=True))
+                                speedup_vs_default_tiles=ratio, load_average=load,
+                                **bench.spread(values, "s", every=True))
             print(f"D={d} causal={c} tiles {t:<8} median {np.median(values):.3f} s "
                   f"({ratio:.2f}x the default {defaults[c]})")
 

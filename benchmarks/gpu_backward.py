@@ -10,7 +10,8 @@ Needs a CUDA GPU, numba-cuda and torch; a benchmark, not a test.  Parts:
   on device arrays, median of 10 after warm-up) beside ``torch.autograd.grad`` through SDPA's efficient and
   math backends in float32 (TF32 off).
 - ``check_mma``: the tensor-core backward (backward impl ``cuda_mma_f16``, float16 / bfloat16 on mma.sync)
-  at the same cases (both parts run every case of ``CASES``) in float16, a bfloat16 one and D = 64 / 128 ones with tails, GQA and causal;
+  at the same cases (``CASES``: both parts run every one) in float16, a bfloat16 one and D = 64 / 128 ones
+  with tails, GQA and causal;
 - ``time_mma``: the same shapes in float16, its two kernels beside PyTorch's fp16 backwards (FlashAttention-2,
   cuDNN, efficient: all on the fp16 tensor cores), with each kernel's registers and spills.
 """

@@ -217,7 +217,8 @@ def part_check(args):
                 except Exception as error:  # noqa: BLE001
                     verdict = f"FAIL {type(error).__name__}: {str(error)[:1500]}"
                     bench.log(traceback.format_exc()[-1500:])
-                bench.log("check", step, splits, shape, {a: b for a, b in opts.items() if a != "alibi_slopes"}, verdict[:200])
+                bench.log("check", step, splits, shape, {a: b for a, b in opts.items() if a != "alibi_slopes"},
+                          verdict[:200])
                 OUT.write({"benchmark": "gpu_steps_check", "run_id": RUN, "run": RUN, "step": step, "splits": splits,
                            "shape": shape, "options": {a: (b.tolist() if isinstance(b, np.ndarray) else b)
                                                        for a, b in opts.items()},
