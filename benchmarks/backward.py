@@ -305,11 +305,6 @@ def run_worker(args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spread(values):
-    return {"min_s": float(np.min(values)), "median_s": float(np.median(values)), "max_s": float(np.max(values)),
-            "rounds": len(values), "times_s": [float(t) for t in values]}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", nargs=4, metavar=("IMPL", "SHAPE", "CAUSAL", "WHAT"))
@@ -355,14 +350,14 @@ def main(argv=None):
         load = {"before": list(load_before), "after": list(os.getloadavg())}
         from course_lib.kernels.backward_numba_cpu import TILES
         for (impl, d, c), values in times.items():
-            extra = spread(values)
+            extra = bench.spread(values, "s", every=True)
             extra["load_average"] = load
             if impl != "torch_sdpa":
                 extra["block_q"], extra["block_k"] = TILES["masked" if c else "full"]
             torch_median = np.median(times["torch_sdpa", d, c])
             extra["speedup_vs_torch_sdpa"] = float(torch_median / np.median(values))
             if impl == "flash_numba_cpu":
-                extra["recompute_share"] = spread(recompute[d, c])
+                extra["recompute_share"] = bench.spread(recompute[d, c], "s", every=True)
             bench.append_record(args.out, benchmark="backward_time", impl=impl, shape=(1, 8, args.seqlen,
                                 args.seqlen, d), dtype="float32", time_s=float(np.median(values)), causal=c,
                                 run=run, env=env, layer="end to end", pass_="backward", **extra)
@@ -391,7 +386,8 @@ def main(argv=None):
                                 time_s=float(np.median(values)), causal=c, run=run, env=env, layer="end to end",
                                 pass_="backward", block_q=Br, block_k=Bc,
                                 default_tiles=[int(n) for n in defaults[c].split("x")],
-                                speedup_vs_default_tiles=ratio, load_average=load, **spread(values))
+                                speedup_vs_default_tiles=ratio, load_average=load,
+                                **bench.spread(values, "s", every=True))
             print(f"D={d} causal={c} tiles {t:<8} median {np.median(values):.3f} s "
                   f"({ratio:.2f}x the default {defaults[c]})")
 
@@ -417,8 +413,7 @@ def main(argv=None):
                                 time_s=float(per_phase.sum()), run=run, env=env, layer="kernel", threads=1,
                                 tile_rows=rows, kernel=rows == "keys",
                                 block_q=Br, block_k=Bc, phases=phases, rounds=args.rounds, load_average=load,
-                                sgemm_2048_gflops={"min": float(np.min(sgemm[d])), "median": float(np.median(sgemm[d])),
-                                                   "max": float(np.max(sgemm[d]))})
+                                sgemm_2048_gflops=bench.spread(sgemm[d]))
             print(f"D={d} a row per {dict(keys='key', queries='query')[rows]}, one head on one core, {Br} x {Bc} "
                   f"tiles, total {per_phase.sum() * 1e3:.1f} ms, sgemm 2048^3 {np.median(sgemm[d]):.0f} GFLOP/s: "
                   + ", ".join(f"{p['phase']} {1e3 * p['median_s']:.1f} ms" + (f" ({p['gflops']:.0f} GFLOP/s)"
@@ -439,8 +434,7 @@ def main(argv=None):
             bench.append_record(args.out, benchmark="backward_tile_gemm", impl=blas, shape=(1, 1, Br, Bc, d),
                                 dtype="float32", time_s=10 * Br * Bc * d / (np.median(values) * 1e9), run=run,
                                 env=env, layer="kernel", block_q=Br, block_k=Bc, load_average=load, threads=1,
-                                gflops={"min": float(np.min(values)), "median": float(np.median(values)),
-                                        "max": float(np.max(values)), "rounds": len(values)})
+                                gflops={**bench.spread(values), "rounds": len(values)})
             print(f"D={d} {blas:<15} five tile matmuls ({Br} x {Bc}) on one core: median {np.median(values):.0f} GFLOP/s")
 
     if not args.no_memory:

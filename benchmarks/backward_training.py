@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -120,8 +119,7 @@ def main(argv=None):
     curves = {path: np.array(rounds[0]["losses"]) for path, rounds in got.items()}
     gap = float(np.max(np.abs(curves["course"] - curves["torch"]) / curves["torch"]))
     grads = gradient_error()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a", encoding="utf-8") as f:
+    with bench.RecordFile(args.out) as out:
         for path, rounds in got.items():
             ms = [r["seconds"] / args.steps * 1e3 for r in rounds]
             rec = {"benchmark": "backward_training", "run": run, "run_id": run, "device": env.get("cpu"),
@@ -133,12 +131,11 @@ def main(argv=None):
                    "seed": SEED, "losses": rounds[0]["losses"],
                    "losses_repeat": all(r["losses"] == rounds[0]["losses"] for r in rounds),
                    "first_loss": rounds[0]["losses"][0], "last_loss": rounds[0]["losses"][-1],
-                   "step_ms": ms, "rounds": len(ms), "min_ms": min(ms), "median_ms": statistics.median(ms),
-                   "max_ms": max(ms)}
+                   "step_ms": ms, "rounds": len(ms), **bench.spread(ms, "ms")}
             if path == "course":
                 rec["max_rel_gap_vs_torch"] = gap
                 rec["grad_max_rel_err_vs_float64"] = grads
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            out.write(rec)
             print(f"{path:6s} loss {rec['first_loss']:.3f} -> {rec['last_loss']:.5f}; ms per step min {rec['min_ms']:.2f} "
                   f"median {rec['median_ms']:.2f} max {rec['max_ms']:.2f}")
     print(f"largest relative gap between the curves {gap:.1e}; course gradients vs float64: "

@@ -34,13 +34,14 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from course_lib import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "capstone_cpu.jsonl"
@@ -53,9 +54,11 @@ def kernel_tiles():
     return flash_numba_cpu.tile_sizes_for(D, D, np.dtype(np.float32).itemsize)
 
 
-def spread(ms) -> dict:
-    return {"times_ms": ms, "rounds": len(ms), "min_ms": min(ms), "median_ms": statistics.median(ms),
-            "max_ms": max(ms), "noise": statistics.median(ms) / min(ms) - 1}
+def ms_spread(ms) -> dict:
+    """``bench.spread`` of a case's rounds in ms, every round kept, and its noise: how far the median
+    sits above the fastest round."""
+    summary = bench.spread(ms, "ms", every=True)
+    return {**summary, "noise": summary["median_ms"] / summary["min_ms"] - 1}
 
 
 def qkv(n, dtype=np.float32, seed=16):
@@ -64,16 +67,8 @@ def qkv(n, dtype=np.float32, seed=16):
 
 
 def alternate(calls: dict, rounds: int) -> dict:
-    """{name: [ms per round]}: one call of each per round, after one warm-up call each."""
-    for fn in calls.values():
-        fn()
-    times = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return times
+    """{name: [ms per round]}: ``bench.interleaved_rounds`` after one warm-up call each, in ms."""
+    return {name: [t * 1e3 for t in ts] for name, ts in bench.interleaved_rounds(calls, rounds).items()}
 
 
 def worker(rounds):
@@ -101,7 +96,7 @@ def bandwidth_group(rounds, processes=3):
     from course_lib.core.flops import attention_flops
     return [dict(group="bandwidth", case=f"{t} core{'s' if t > 1 else ''}", threads=t, path="native", B=B, H=H,
                  N=N, D=D, dtype="float32", mask="none", flops=attention_flops(B, H, N, N, D),
-                 first_ms=p["first_ms"], processes=processes, **spread(p["times_ms"])) for t, p in per.items()]
+                 first_ms=p["first_ms"], processes=processes, **ms_spread(p["times_ms"])) for t, p in per.items()]
 
 
 def length_and_mask_groups(rounds, lengths):
@@ -144,7 +139,7 @@ def length_and_mask_groups(rounds, lengths):
                             flops=attention_flops(B, H, n, n, D, causal=causal, window_size=window),
                             model_flash_bytes=flash.bytes, model_naive_bytes=naive.bytes,
                             tile_sram_bytes=sram, native_peak_bytes=peak, s_bytes=B * H * n * n * 4,
-                            io_bytes=4 * B * H * n * D * 4, **spread(ms)))
+                            io_bytes=4 * B * H * n * D * 4, **ms_spread(ms)))
     return out
 
 
@@ -174,7 +169,7 @@ def conversion_group(rounds, n=N):
                           api.attention(q16, k16, v16, impl="flash_numba_cpu", **blocks))
     return [dict(group="conversion", case=name, path="native", B=B, H=H, N=n, D=D, dtype="float16", mask="none",
                  block_q=tile[0], block_k=tile[1],
-                 round_bits=rounded.round_bits, rounded_kernel_is_the_float16_call=bool(same), **spread(ms))
+                 round_bits=rounded.round_bits, rounded_kernel_is_the_float16_call=bool(same), **ms_spread(ms))
             for name, ms in times.items()]
 
 
@@ -187,20 +182,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.rounds)
-    from course_lib import bench
     run, env = bench.new_run(), bench.environment()
     env["load_average"] = list(os.getloadavg())
     t0 = time.perf_counter()
     records = bandwidth_group(args.rounds) + length_and_mask_groups(args.rounds, args.lengths) + \
         conversion_group(args.rounds)
     env["load_average_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps({"benchmark": "capstone", "run": run, "run_id": run, "device": env.get("cpu"),
-                                "environment": env, **r}, sort_keys=True) + "\n")
-            print(f"{r['group']:10s} {r['case']:42s} {r['path']:7s} N={r['N']:5d} min {r['min_ms']:9.2f} "
-                  f"median {r['median_ms']:9.2f} max {r['max_ms']:9.2f} ms")
+    bench.write_records(args.out, records, benchmark="capstone", run=run, run_id=run, device=env.get("cpu"),
+                        environment=env)
+    for r in records:
+        print(f"{r['group']:10s} {r['case']:42s} {r['path']:7s} N={r['N']:5d} min {r['min_ms']:9.2f} "
+              f"median {r['median_ms']:9.2f} max {r['max_ms']:9.2f} ms")
     print(f"{len(records)} records appended to {args.out} in {time.perf_counter() - t0:.0f} s")
 
 

@@ -350,11 +350,6 @@ def alternated(cases, rounds, desc):
     return results
 
 
-def spread(times):
-    return dict(min_s=float(np.min(times)), median_s=float(np.median(times)), max_s=float(np.max(times)),
-                time_s=float(np.median(times)))
-
-
 def record_rounds(out, benchmark, run, env, results):
     from course_lib import bench
     for (impl, shape, causal, nq), rs in results.items():
@@ -366,7 +361,8 @@ def record_rounds(out, benchmark, run, env, results):
                             rounds_s=times, worker_times_s=[r["times_s"] for r in rs],
                             load_1min=[r.get("load_1min") for r in rs],
                             peak_bytes=int(np.median([r["peak_bytes"] for r in rs])),
-                            process="own, one per impl per round, impls alternated", **spread(times))
+                            process="own, one per impl per round, impls alternated", **bench.spread(times, "s"),
+                            time_s=float(np.median(times)))
         print(f"  {impl:>28} {shape} {'causal' if causal else 'full'} nq={nq or N}: "
               f"min {min(times):.3f}  median {np.median(times):.3f}  max {max(times):.3f} s"
               f"  (load {', '.join(format(r.get('load_1min') or 0, '.1f') for r in rs)})")

@@ -11,6 +11,7 @@ the kernel's one dynamic buffer the size the plan asks for.  ``tiled_staged`` re
 offsets, which cudacheck's bounds check refuses, so it is not for this script.  Exit status 1 if
 any step has a finding or a wrong answer.
 """
+import argparse
 import sys
 from dataclasses import replace
 
@@ -66,9 +67,14 @@ def check_step(step, tiling, B, H, Hk, Nq, Nk, D, Dv, **options):
     return report.ok and right == "right"
 
 
-def main(steps):
+STEPS = ("tiled_rebuilt", "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("steps", nargs="*", default=list(STEPS), help=f"chapter 10's steps (default: {' '.join(STEPS)})")
     good = True
-    for step in steps:
+    for step in parser.parse_args(argv).steps:
         for numbers in TILINGS:
             for shape, options in CASES:
                 good &= check_step(step, replace(cs.STEP_TILING[step], **numbers), *shape, **options)
@@ -76,4 +82,4 @@ def main(steps):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["tiled_rebuilt", "tiled_shuffle", "tiled_reorder", "tiled_aligned", "tiled_vec4"]))
+    sys.exit(main())

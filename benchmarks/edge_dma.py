@@ -33,10 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "edge_dma.jsonl"
 
 
-def spread(values) -> dict:
-    return {"min": float(np.min(values)), "median": float(np.median(values)), "max": float(np.max(values))}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bandwidth", type=float, nargs="+", default=[12.5e6, 25e6], help="DRAM B/s")
@@ -85,14 +81,14 @@ def main(argv=None):
               f"compute {np.median([p['compute_s'] for p in parts_seen]) * 1e3:.2f} ms per key tile")
         print(f"  {'buffers':>7} {'measured (s)':>22} {'model (s)':>10} {'replay (s)':>10} {'measured/model':>15}")
         for b in (1, 2, 3):
-            m, p, rp = spread(measured[b]), spread(model[b]), spread(replay[b])
+            m, p, rp = bench.spread(measured[b]), bench.spread(model[b]), bench.spread(replay[b])
             bench.append_record(
                 args.out, benchmark="edge_dma", run=run, env=env, impl=f"paced DMA, {b} buffer(s)",
                 shape=(1, 1, br, nk, d), dtype="float32", block_q=br, block_k=bc, time_s=m["median"],
                 bytes_moved=moved, bytes_source="DRAM bytes of the pipeline: Q, K, V read, O and lse written",
                 layer="end to end", buffers=b, measured_s=m, model_s=p, replay_s=rp, tile=[br, bc, d], bytes=moved,
                 bandwidth=bandwidth, dma_setup_s=args.setup, rounds=args.rounds,
-                parts={key: spread([pp[key] for pp in parts_seen]) for key in
+                parts={key: bench.spread([pp[key] for pp in parts_seen]) for key in
                        ("load_s", "compute_s", "q_load_s", "o_store_s")})
             print(f"  {b:>7} {m['min']:>7.3f} {m['median']:>7.3f} {m['max']:>7.3f} {p['median']:>10.3f} "
                   f"{rp['median']:>10.3f} {m['median'] / p['median']:>14.2f}x")

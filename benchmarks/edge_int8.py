@@ -51,10 +51,6 @@ def child(br, bc, d, repeats):
     print(json.dumps(res))
 
 
-def spread(values):
-    return {"min": float(np.min(values)), "median": float(np.median(values)), "max": float(np.max(values))}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tile", type=int, nargs=3, default=[128, 128, 64], help="Br Bc D")
@@ -83,7 +79,7 @@ def main(argv=None):
     print(f"run {run} on {env['cpu']}: S32 = q8 k8^T of {br}x{d} by {bc}x{d}, and {br * bc} table exps")
     for mode in MODES:
         for key, work, unit in (("scores", macs, "MAC"), ("exp", br * bc, "exp"), ("blas", macs, "MAC")):
-            s = spread(times[mode][key])
+            s = bench.spread(times[mode][key])
             bench.append_record(args.out, benchmark="edge_int8", run=run, env=env, impl=f"{key}, {mode}",
                                 shape=(1, 1, br, bc, d), dtype="float32" if key == "blas" else "int8",
                                 block_q=br, block_k=bc, time_s=s["median"], layer="kernel", mode=mode, loop=key,

@@ -36,38 +36,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from course_lib import api, bench, checks  # noqa: E402
-from course_lib.core.options import call_forward  # noqa: E402
-from course_lib.kernels import flash_numba_cuda as fnc  # noqa: E402
-
-
-def log(*parts):
-    print(*parts, flush=True)
-
-
-def environment():
-    import subprocess
-
-    import numba
-    import torch
-    env = bench.environment()
-    env["torch"] = torch.__version__
-    env["torch_cuda"] = torch.version.cuda
-    env["gpu"] = torch.cuda.get_device_name(0)
-    env["numba"] = numba.__version__
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
-        env["nvidia_smi"] = smi
-        env["driver"] = smi.split(",")[1].strip()
-    except Exception as error:  # noqa: BLE001 -- a missing nvidia-smi is recorded, not fatal
-        env["nvidia_smi"] = f"unavailable: {error}"
-    from numba import cuda
-    env["cuda_runtime_numba"] = ".".join(map(str, cuda.runtime.get_version()))
-    env["cuda_driver_api"] = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
-    return env
+from course_lib import api, bench, checks
+from course_lib.core.options import call_forward
+from course_lib.kernels import flash_numba_cuda as fnc
 
 
 def plan_for(q, k, v, **options):
@@ -126,12 +98,11 @@ def part_check(out, run, env):
             verdict = "PASS"
         except Exception as error:  # noqa: BLE001 -- recorded, and the run goes on
             verdict = f"FAIL {type(error).__name__}: {str(error)[:2000]}"
-            log(traceback.format_exc())
-        log("check", c["shape"], {k: v for k, v in c["opts"].items() if k != "alibi_slopes"}, verdict[:300])
+            bench.log(traceback.format_exc())
+        bench.log("check", c["shape"], {k: v for k, v in c["opts"].items() if k != "alibi_slopes"}, verdict[:300])
         opts = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in c["opts"].items()}
-        out.write(json.dumps({"benchmark": "gpu_attention_check", "run": run, "shape": c["shape"],
-                              "options": opts, "verdict": verdict, "environment": env}) + "\n")
-        out.flush()
+        out.write({"benchmark": "gpu_attention_check", "run": run, "shape": c["shape"],
+                   "options": opts, "verdict": verdict, "environment": env})
 
 
 def part_large(args, out, run, env, timing):
@@ -172,15 +143,14 @@ def part_large(args, out, run, env, timing):
                     ok = bool((err <= atol + rtol * ref.abs()).all())
                     lse_err = float((tlse[:1, :2].double() - ref_lse).abs().max())
                     naive_err = float((naive.double() - ref).abs().max())
-                    log(f"large {shape} causal={causal}: max err {float(err.max()):.3g} (naive torch fp32 "
-                        f"{naive_err:.3g}), lse err {lse_err:.3g}, within atol {atol:g} rtol {rtol:g}: {ok}")
-                    out.write(json.dumps({"benchmark": "gpu_attention_large", "run": run, "shape": shape,
-                                          "causal": causal, "max_abs_err": float(err.max()),
-                                          "naive_torch_fp32_max_abs_err": naive_err, "lse_max_abs_err": lse_err,
-                                          "within_float32_rule": ok, "rule": f"atol {atol:g}, rtol {rtol:g}",
-                                          "compared": "batch 0, heads 0-1, vs float64 SDPA math on the GPU",
-                                          "environment": env}) + "\n")
-                    out.flush()
+                    bench.log(f"large {shape} causal={causal}: max err {float(err.max()):.3g} (naive torch fp32 "
+                              f"{naive_err:.3g}), lse err {lse_err:.3g}, within atol {atol:g} rtol {rtol:g}: {ok}")
+                    out.write({"benchmark": "gpu_attention_large", "run": run, "shape": shape,
+                               "causal": causal, "max_abs_err": float(err.max()),
+                               "naive_torch_fp32_max_abs_err": naive_err, "lse_max_abs_err": lse_err,
+                               "within_float32_rule": ok, "rule": f"atol {atol:g}, rtol {rtol:g}",
+                               "compared": "batch 0, heads 0-1, vs float64 SDPA math on the GPU",
+                               "environment": env})
                     del ref, naive, err, q64, k64, v64
                     if timing:
                         reps = args.repeats
@@ -191,7 +161,7 @@ def part_large(args, out, run, env, timing):
                             t, ts = cuda_timer(fn, reps, 2)
                             bench_rec(impl, t, ts, out, **rec)
                 except Exception:  # noqa: BLE001
-                    log(traceback.format_exc())
+                    bench.log(traceback.format_exc())
                 del tq, tk, tv, tout, tlse
                 torch.cuda.empty_cache()
 
@@ -218,10 +188,9 @@ def bench_rec(impl, t, ts, out, run, env, shape, dtype, causal, benchmark="gpu_a
     rec = bench.record(benchmark=benchmark, impl=impl, shape=shape, dtype=dtype, time_s=t, causal=causal,
                        run=run, env=env, repeats=len(ts), warmup=2, times_ms=[round(x, 4) for x in ts],
                        timer="CUDA events around each launch, median", **extra)
-    log(f"time {benchmark} {impl:22s} {tuple(shape)} causal={causal}: {t * 1e3:9.3f} ms  "
-        f"{rec['tflops']:6.2f} TFLOP/s {extra.get('resources', '')}")
-    out.write(json.dumps(rec, sort_keys=True) + "\n")
-    out.flush()
+    bench.log(f"time {benchmark} {impl:22s} {tuple(shape)} causal={causal}: {t * 1e3:9.3f} ms  "
+              f"{rec['tflops']:6.2f} TFLOP/s {extra.get('resources', '')}")
+    out.write(rec)
 
 
 def part_blocks(args, out, run, env, d):
@@ -248,7 +217,7 @@ def part_blocks(args, out, run, env, d):
                           dtype="float32", causal=False, benchmark="gpu_attention_blocks",
                           block_q=Br, block_k=Bc, resources=resources(p), max_diff_to_first=same)
             except Exception:  # noqa: BLE001
-                log(traceback.format_exc())
+                bench.log(traceback.format_exc())
 
 
 def main(argv=None):
@@ -266,9 +235,9 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     if fnc.where() != "gpu":
         sys.exit(f"no GPU here (flash_numba_cuda runs in the {fnc.where()}); this benchmark needs one")
-    run, env = bench.new_run(), environment()
-    log(json.dumps(env))
-    with open(args.out, "a", encoding="utf-8") as out:
+    run, env = bench.new_run(), bench.gpu_environment()
+    bench.log(json.dumps(env))
+    with bench.RecordFile(args.out) as out:
         if "check" in args.parts:
             part_check(out, run, env)
         if "blocks" in args.parts:
@@ -276,7 +245,7 @@ def main(argv=None):
                 part_blocks(args, out, run, env, d)
         if "large" in args.parts:
             part_large(args, out, run, env, timing=True)
-    log(f"records appended to {args.out}")
+    bench.log(f"records appended to {args.out}")
 
 
 if __name__ == "__main__":

@@ -4,55 +4,46 @@ then timed beside PyTorch's SDPA backward in the same run.
     python benchmarks/gpu_backward.py --out notebooks/records/gpu_backward.jsonl
 
 Needs a CUDA GPU, numba-cuda and torch; a benchmark, not a test.  Parts:
-- ``check``: tests/backward_cuda_sim.py's awkward cases and a larger tail / GQA / causal one, through
+- ``check``: the simulator's awkward cases (``course_lib.bench.cases``) and a larger tail / GQA / causal one, through
   ``course_lib.attention_backward`` against the float64 gradient (``checks.check_attention_backward``);
 - ``time``: B*H = 64, N = 4096, D = 64 / 128, causal or not: the two kernels (CUDA events around the launches
   on device arrays, median of 10 after warm-up) beside ``torch.autograd.grad`` through SDPA's efficient and
   math backends in float32 (TF32 off).
 - ``check_mma``: the tensor-core backward (backward impl ``cuda_mma_f16``, float16 / bfloat16 on mma.sync)
-  at the same cases in float16, a bfloat16 one and D = 64 / 128 ones with tails, GQA and causal;
+  at the same cases (``CASES``: both parts run every one) in float16, a bfloat16 one and D = 64 / 128 ones
+  with tails, GQA and causal;
 - ``time_mma``: the same shapes in float16, its two kernels beside PyTorch's fp16 backwards (FlashAttention-2,
   cuDNN, efficient: all on the fp16 tensor cores), with each kernel's registers and spills.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import course_lib  # noqa: E402
-from course_lib import bench, checks  # noqa: E402
-from course_lib.core.backward_options import call_backward  # noqa: E402
-from course_lib.bench.peers import peer_runs_on  # noqa: E402
-from course_lib.kernels import backward_numba_cuda as bk  # noqa: E402
-from course_lib.kernels.cuda_steps import tensor_core_backward as tb  # noqa: E402
+import course_lib
+from course_lib import bench, checks
+from course_lib.core.backward_options import call_backward
+from course_lib.bench.cases import BACKWARD_CASES, run_backward_case
+from course_lib.bench.peers import peer_runs_on
+from course_lib.kernels import backward_numba_cuda as bk
+from course_lib.kernels.cuda_steps import tensor_core_backward as tb
 
 OUT = RUN = ENV = None
 
 
-def write(rec):
-    OUT.write(json.dumps({"run": RUN, "run_id": RUN, "environment": ENV, **rec}, sort_keys=True, default=str) + "\n")
-    OUT.flush()
+# the simulator's awkward cases and two at a GPU's sizes: (B, H, Hk, Nq, Nk, D, Dv, options)
+CASES = {**BACKWARD_CASES, "long_tails_gqa_causal_d64": (2, 8, 2, 300, 333, 64, 64, {"causal": True}),
+         "window_d128": (1, 4, 4, 257, 391, 128, 128, {"window_size": (100, 3)})}
 
 
 def part_check():
-    import backward_cuda_sim as sim
-    sim.CASES["long_tails_gqa_causal_d64"] = (2, 8, 2, 300, 333, 64, 64, {"causal": True})
-    sim.CASES["window_d128"] = (1, 4, 4, 257, 391, 128, 128, {"window_size": (100, 3)})
-    for name in sim.CASES:
-        v = sim.run_case(name)
+    for name, case in CASES.items():
+        v = run_backward_case(name, case)
         print(f"check {name}: {v}", flush=True)
-        write({"benchmark": "gpu_backward_check", "impl": "flash_numba_cuda", "case": name,
-               "shape": list(sim.CASES[name][:7]), "options": sim.CASES[name][7], "verdict": v})
+        OUT.write({"benchmark": "gpu_backward_check", "impl": "flash_numba_cuda", "case": name,
+                   "shape": list(case[:7]), "options": case[7], "verdict": v})
 
 
 def part_time():
@@ -92,9 +83,9 @@ def part_time():
                     continue
                 print(f"time {name:22s} D={D} causal={causal}: {median * 1e3:8.2f} ms {flops / median / 1e12:6.2f} TFLOP/s",
                       flush=True)
-                write({"benchmark": "gpu_backward_time", "impl": name, "D": D, "causal": causal,
-                       "shape": [B, H, N, N, D], "median_s": median, "times_ms": times, "flops": flops,
-                       "tflops": flops / median / 1e12, "layer": "kernel", "dtype": "float32"})
+                OUT.write({"benchmark": "gpu_backward_time", "impl": name, "D": D, "causal": causal,
+                           "shape": [B, H, N, N, D], "median_s": median, "times_ms": times, "flops": flops,
+                           "tflops": flops / median / 1e12, "layer": "kernel", "dtype": "float32"})
 
 
 MMA_CASES = {   # name: (B, H, Hk, Nq, Nk, D, Dv, options, dtype)
@@ -107,9 +98,8 @@ MMA_CASES = {   # name: (B, H, Hk, Nq, Nk, D, Dv, options, dtype)
 
 
 def part_check_mma():
-    import backward_cuda_sim as sim
     import ml_dtypes
-    cases = {n: (*c, "float16") for n, c in sim.CASES.items()}
+    cases = {n: (*c, "float16") for n, c in CASES.items()}
     cases.update(MMA_CASES)
     for name, (B, H, Hk, Nq, Nk, D, Dv, options, dtype) in cases.items():
         dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -125,10 +115,10 @@ def part_check_mma():
             assert all(g.dtype == q.dtype and not np.isnan(g.astype(np.float32)).any() for g in grads), \
                 "a gradient nobody wrote, or not in q's dtype"
             checks.check_attention_backward(grads, q, k, v, out, lse, dout, **opts)
-        v_ = sim.verdict(go)
+        v_ = bench.verdict(go)
         print(f"check_mma {name}: {v_}", flush=True)
-        write({"benchmark": "gpu_backward_check", "impl": "cuda_mma_f16", "case": name, "dtype": dtype,
-               "shape": [B, H, Hk, Nq, Nk, D, Dv], "options": options, "verdict": v_})
+        OUT.write({"benchmark": "gpu_backward_check", "impl": "cuda_mma_f16", "case": name, "dtype": dtype,
+                   "shape": [B, H, Hk, Nq, Nk, D, Dv], "options": options, "verdict": v_})
 
 
 def part_time_mma():
@@ -186,7 +176,7 @@ def part_time_mma():
                        else peer_runs_on(name, "float16")}
                 if name == "cuda_mma_f16":
                     rec.update(tiling={"warps": tiling.warps, "Bi": tiling.Bi}, resources=resources)
-                write(rec)
+                OUT.write(rec)
 
 
 PARTS = {"check": part_check, "time": part_time, "check_mma": part_check_mma, "time_mma": part_time_mma}
@@ -198,10 +188,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--parts", nargs="+", default=["check", "time"], choices=list(PARTS))
     args = parser.parse_args()
-    import gpu_steps
-    RUN = time.strftime("%Y%m%dT%H%M%S+0000", time.gmtime())
-    ENV = gpu_steps.environment()
-    with open(args.out, "a") as OUT:
+    RUN, ENV = bench.new_run(), bench.gpu_environment()
+    with bench.RecordFile(args.out, run=RUN, run_id=RUN, environment=ENV) as OUT:
         for part in args.parts:
             PARTS[part]()
 

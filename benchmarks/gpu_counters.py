@@ -41,8 +41,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 STALLS = ["long_scoreboard", "short_scoreboard", "mio_throttle", "barrier", "math_pipe_throttle", "wait",
           "not_selected", "selected", "lg_throttle", "dispatch_stall", "no_instruction", "drain", "membar",
@@ -170,8 +168,7 @@ def main(argv=None):
     if args.child:
         mma_child(shapes) if args.mma else child(shapes, steps, args.tuned)
         return
-    import gpu_traffic
-    import ncu
+    from course_lib.bench import ncu
     from course_lib import bench
     wanted = MMA_METRICS if args.mma else METRICS
     metrics = known_metrics(args.ncu, wanted)
@@ -182,13 +179,13 @@ def main(argv=None):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=560, env=os.environ)
     order = next((json.loads(line[len("CHILD-ORDER "):]) for line in r.stdout.splitlines()
                   if line.startswith("CHILD-ORDER ")), [])
-    rows = gpu_traffic.kernel_rows(r.stdout, metrics)
+    rows = ncu.kernel_rows(r.stdout, metrics)
     env, run = bench.environment(), bench.new_run()
     if len(rows) != len(order):
         print(f"expected {len(order)} profiled kernels, got {len(rows)}; rc={r.returncode}\n"
               f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}", flush=True)
         return 1
-    with open(args.out, "a", encoding="utf-8") as out:
+    with bench.RecordFile(args.out) as out:
         for info, row in zip(order, rows):
             counters = {m: v for m, v in row.items() if m != "kernel"}
             rec = {"benchmark": "gpu_counters_mma" if args.mma else "gpu_counters", "run_id": run, "run": run,
@@ -197,7 +194,7 @@ def main(argv=None):
                    "counters": counters, "metrics_unknown_to_ncu": missing,
                    "ncu": "ncu --clock-control none, one call per step, counters of its one kernel",
                    **info, "environment": env}
-            out.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+            out.write(rec)
             top = sorted(((v, m) for m, v in counters.items() if "stalled" in m), reverse=True)[:2]
             stalls = [(m.split("stalled_")[1].split("_per")[0], round(v, 2)) for v, m in top]
             if args.mma:

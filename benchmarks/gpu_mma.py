@@ -26,25 +26,18 @@ Needs a CUDA GPU (sm_80 or newer), numba-cuda and torch; a benchmark, not a test
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from course_lib import bench, checks  # noqa: E402
-from course_lib.bench.peers import peer_runs_on  # noqa: E402
-from course_lib.core import rules  # noqa: E402
-from course_lib.core.options import call_forward  # noqa: E402
-from course_lib.kernels.cuda_steps import tensor_core as tc  # noqa: E402
-from cuda_steps_sim import CASES as SIM_CASES, verdict  # noqa: E402
+from course_lib import bench, checks
+from course_lib.bench.peers import peer_runs_on
+from course_lib.core import rules
+from course_lib.core.options import call_forward
+from course_lib.kernels.cuda_steps import tensor_core as tc
+from course_lib.bench.cases import FORWARD_CASES
 
 OUT = RUN = ENV = None
 REPEATS = 20
@@ -52,9 +45,9 @@ STEP_DTYPES = [("mma_f16", "float16"), ("mma_f16", "bfloat16"), ("mma_tf32", "fl
 if "--quick-check" in sys.argv:
     sys.argv.remove("--quick-check")
     STEP_DTYPES = [("mma_f16", "float16"), ("mma_3xtf32", "float32")]
-# name: (B, H, Hk, Nq, Nk, D, Dv, options, splits): chapter 10's awkward cases (tests/cuda_steps_sim.py) without
+# name: (B, H, Hk, Nq, Nk, D, Dv, options, splits): chapter 10's awkward cases (course_lib.bench.cases) without
 # its split-KV ones, then head dims the fragments tile unevenly and split-KV at this kernel's tile size
-CASES = {name: case for name, case in SIM_CASES.items() if case[-1] == 1}
+CASES = {name: case for name, case in FORWARD_CASES.items() if case[-1] == 1}
 CASES.update({
     "long_tails_d64": (2, 4, 2, 300, 333, 64, 64, {}, 1),
     "causal_d128_tails": (1, 4, 4, 257, 391, 128, 128, {"causal": True}, 1),
@@ -62,19 +55,6 @@ CASES.update({
     "split_kv_causal": (1, 2, 1, 9, 400, 64, 64, {"causal": True}, 3),
     "decode_split_kv": (2, 2, 1, 1, 1000, 128, 128, {}, 4),
 })
-
-
-START = time.time()
-
-
-def log(*parts):
-    print(f"[{time.time() - START:6.1f} s]", *parts, flush=True)
-
-
-def write(rec):
-    rec = {"run": RUN, "run_id": RUN, "environment": ENV, **rec}
-    OUT.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
-    OUT.flush()
 
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, dtype, seed=0):
@@ -95,10 +75,10 @@ def part_check():
                 checks.check_attention(out, q, k, v, lse=lse, **opts)
                 if name == "empty_rows":
                     assert np.isneginf(lse[:, :, Nk:]).all() and (out[:, :, Nk:] == 0).all()
-            result = verdict(go)
-            log(f"check {step} {dtype} {name}: {result}")
-            write({"benchmark": "gpu_mma_check", "impl": f"cuda_{step}", "dtype": dtype, "case": name,
-                   "shape": [B, H, Hk, Nq, Nk, D, Dv], "options": options, "splits": splits, "verdict": result})
+            result = bench.verdict(go)
+            bench.log(f"check {step} {dtype} {name}: {result}")
+            OUT.write({"benchmark": "gpu_mma_check", "impl": f"cuda_{step}", "dtype": dtype, "case": name,
+                       "shape": [B, H, Hk, Nq, Nk, D, Dv], "options": options, "splits": splits, "verdict": result})
 
 
 def part_resources():
@@ -114,8 +94,8 @@ def part_resources():
                "tiling": {"warps": tiling.warps, "Bc": tiling.Bc, "Br": tiling.Br},
                "registers": one(kernel.get_regs_per_thread()), "local_bytes": one(kernel.get_local_mem_per_thread()),
                "shared_bytes": one(kernel.get_shared_mem_per_block())}
-        log(rec)
-        write(rec)
+        bench.log(rec)
+        OUT.write(rec)
 
 
 def flops(B, H, Nq, Nk, D, causal):
@@ -144,9 +124,9 @@ def timed(label, fn, shape, dtype, causal, what, extra=None):
            "shape": list(shape), "B": B, "H": H, "Nq": Nq, "Nk": Nk, "D": D, "median_s": median,
            "times_ms": times, "flops": flops(B, H, Nq, Nk, D, causal), "layer": "kernel",
            "tflops": flops(B, H, Nq, Nk, D, causal) / median / 1e12, **(extra or {})}
-    log(f"{label} {what[0]:24s} {dtype:9s} causal={causal} {shape}: {median * 1e3:8.3f} ms "
+    bench.log(f"{label} {what[0]:24s} {dtype:9s} causal={causal} {shape}: {median * 1e3:8.3f} ms "
         f"{rec['tflops']:7.1f} TFLOP/s")
-    write(rec)
+    OUT.write(rec)
     return median
 
 
@@ -234,7 +214,7 @@ def part_sanitize():
             for label, tiling in chain(tc.kind_of(step, q.dtype), D, Dv):
                 out, lse = tc.attention(q, k, v, step=step, tiling=tiling, splits=splits, return_lse=True, **opts)
                 checks.check_attention(out, q, k, v, lse=lse, **opts)
-                log(f"sanitize {step} {label} {name}: ran")
+                bench.log(f"sanitize {step} {label} {name}: ran")
 
 
 RUN_FLAGS = [f for f in ("--staged-only",) if f in sys.argv]
@@ -286,14 +266,14 @@ def part_variants():
                     if same <= 1e-3 and (best is None or t < best[0]):
                         best = (t, tiling)
                 except Exception as error:  # noqa: BLE001
-                    log(f"variant {step} D={D} {tiling}: {type(error).__name__}: {str(error)[:300]}")
-                    write({"benchmark": "gpu_mma_variants", "impl": f"cuda_{step}", "D": D, "tiling": tdict,
-                           "error": f"{type(error).__name__}: {str(error)[:500]}"})
+                    bench.log(f"variant {step} D={D} {tiling}: {type(error).__name__}: {str(error)[:300]}")
+                    OUT.write({"benchmark": "gpu_mma_variants", "impl": f"cuda_{step}", "D": D, "tiling": tdict,
+                               "error": f"{type(error).__name__}: {str(error)[:500]}"})
             if best is not None:
                 TUNED_RUN[step, D] = best[1]
-                write({"benchmark": "gpu_mma_tuned", "impl": f"cuda_{step}", "D": D,
-                       "tiling": {"warps": best[1].warps, "Bc": best[1].Bc, "staged": best[1].staged,
-                                  "prefetch": best[1].prefetch}, "median_s": best[0]})
+                OUT.write({"benchmark": "gpu_mma_tuned", "impl": f"cuda_{step}", "D": D,
+                           "tiling": {"warps": best[1].warps, "Bc": best[1].Bc, "staged": best[1].staged,
+                                      "prefetch": best[1].prefetch}, "median_s": best[0]})
 
 
 def chain(kind, D, Dv=None):
@@ -326,11 +306,11 @@ def part_chain():
                 def go():
                     out, lse = tc.attention(q, k, v, step=step, tiling=tiling, splits=splits, return_lse=True, **opts)
                     checks.check_attention(out, q, k, v, lse=lse, **opts)
-                result = verdict(go)
-                log(f"chain check {step} {label} {name}: {result}")
-                write({"benchmark": "gpu_mma_chain_check", "impl": f"cuda_{step}", "dtype": dtype, "case": name,
-                       "step": label, "tiling": tdict_of(tiling), "shape": [B, H, Hk, Nq, Nk, D, Dv],
-                       "options": options, "splits": splits, "verdict": result})
+                result = bench.verdict(go)
+                bench.log(f"chain check {step} {label} {name}: {result}")
+                OUT.write({"benchmark": "gpu_mma_chain_check", "impl": f"cuda_{step}", "dtype": dtype, "case": name,
+                           "step": label, "tiling": tdict_of(tiling), "shape": [B, H, Hk, Nq, Nk, D, Dv],
+                           "options": options, "splits": splits, "verdict": result})
     for D in (64, 128):
         shape = (4, 16, 4096, 4096, D)
         q, k, v = problem(4, 16, 16, 4096, 4096, D, D, "float32", seed=1)
@@ -360,17 +340,17 @@ def part_chain():
                     if label != "staged" and same <= 1e-3 and (best is None or t < best[0]):
                         best = (t, tiling)
                 except Exception as error:  # noqa: BLE001
-                    log(f"chain {step} D={D} {label} {tiling}: {type(error).__name__}: {str(error)[:300]}")
-                    write({"benchmark": "gpu_mma_chain", "impl": f"cuda_{step}", "D": D, "step": label,
-                           "tiling": tdict_of(tiling), "error": f"{type(error).__name__}: {str(error)[:500]}"})
+                    bench.log(f"chain {step} D={D} {label} {tiling}: {type(error).__name__}: {str(error)[:300]}")
+                    OUT.write({"benchmark": "gpu_mma_chain", "impl": f"cuda_{step}", "D": D, "step": label,
+                               "tiling": tdict_of(tiling), "error": f"{type(error).__name__}: {str(error)[:500]}"})
             import torch
             torch.backends.cuda.matmul.allow_tf32 = False
             for n, fn in peers(q, k, v, dtype, False, [peer]).items():
                 timed("gpu_mma_chain", fn, shape, dtype, False, (n, peer_runs_on(n, dtype)))
             if best is not None:
                 TUNED_RUN[step, D] = best[1]
-                write({"benchmark": "gpu_mma_chain_tuned", "impl": f"cuda_{step}", "D": D,
-                       "tiling": tdict_of(best[1]), "median_s": best[0]})
+                OUT.write({"benchmark": "gpu_mma_chain_tuned", "impl": f"cuda_{step}", "D": D,
+                           "tiling": tdict_of(best[1]), "median_s": best[0]})
 
 
 PARTS = {"check": part_check, "resources": part_resources, "time": part_time, "causal": part_causal,
@@ -393,18 +373,16 @@ def main():
     args = parser.parse_args()
     CHAIN.update(cases=args.chain_cases, timed=args.chain_timed, steps=args.chain_steps,
                  timing_only=args.chain_timing_only)
-    import gpu_steps
-    RUN = time.strftime("%Y%m%dT%H%M%S+0000", time.gmtime())
-    ENV = gpu_steps.environment()
-    with open(args.out, "a") as OUT:
+    RUN, ENV = bench.new_run(), bench.gpu_environment()
+    with bench.RecordFile(args.out, run=RUN, run_id=RUN, environment=ENV) as OUT:
         for part in args.parts:
             t0 = time.time()
             try:
                 PARTS[part]()
             except Exception:  # noqa: BLE001
-                log(f"part {part} failed:\n{traceback.format_exc()}")
-                write({"benchmark": f"gpu_mma_{part}", "error": traceback.format_exc()[-2000:]})
-            log(f"part {part}: {time.time() - t0:.0f} s")
+                bench.log(f"part {part} failed:\n{traceback.format_exc()}")
+                OUT.write({"benchmark": f"gpu_mma_{part}", "error": traceback.format_exc()[-2000:]})
+            bench.log(f"part {part}: {time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from course_lib import bench
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "notebooks" / "records" / "gpu_steps_sanitize.jsonl"
 
@@ -40,8 +42,7 @@ def main(argv=None):
                                                "error": output[-2000:]}
             rec.update(tool=" ".join(["compute-sanitizer", "--tool", tool, "python3", *cmd[4:]]).replace(tmp, "TMP"),
                        summary=summary, returncode=run.returncode)
-            with open(args.out, "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+            bench.write_records(args.out, [rec])
             print(tool, summary, f"rc={run.returncode}", f"{len(rec.get('checks', []))} checks", flush=True)
 
 

@@ -51,46 +51,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from course_lib import bench, checks  # noqa: E402
-from course_lib.core import hardware  # noqa: E402
-from course_lib.core.options import call_forward  # noqa: E402
-from course_lib.kernels import cuda_steps as cs  # noqa: E402
+from course_lib import bench, checks
+from course_lib.core import hardware
+from course_lib.core.options import call_forward
+from course_lib.kernels import cuda_steps as cs
 
 OUT = None
 RUN = None
 ENV = None
-
-
-def log(*parts):
-    print(*parts, flush=True)
-
-
-def write(rec):
-    OUT.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
-    OUT.flush()
-
-
-def environment():
-    import subprocess
-
-    import numba
-    import torch
-    from numba import cuda
-    env = bench.environment()
-    env.update(torch=torch.__version__, torch_cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0),
-               numba=numba.__version__, cudnn=torch.backends.cudnn.version())
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
-        env["nvidia_smi"] = smi
-        env["driver"] = smi.split(",")[1].strip()
-    except Exception as error:  # noqa: BLE001
-        env["nvidia_smi"] = f"unavailable: {error}"
-    env["cuda_runtime_numba"] = ".".join(map(str, cuda.runtime.get_version()))
-    env["cuda_driver_api"] = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
-    return env
 
 
 cuda_timer = bench.cuda_time_it    # the kernel layer: CUDA events around each call
@@ -173,19 +142,19 @@ def time_record(benchmark, impl, fn, shape, dtype, causal, repeats, **extra):
     try:
         t, ts = cuda_timer(fn, repeats)
     except Exception as error:  # noqa: BLE001 -- a peer that does not run here is recorded as such
-        log(f"{benchmark} {impl} {shape} causal={causal}: FAILED {type(error).__name__}: {str(error)[:200]}")
-        write({"benchmark": benchmark, "run_id": RUN, "run": RUN, "impl": impl, "shape": list(shape),
-               "causal": causal, "dtype": dtype, "error": f"{type(error).__name__}: {str(error)[:500]}",
-               "environment": ENV})
+        bench.log(f"{benchmark} {impl} {shape} causal={causal}: FAILED {type(error).__name__}: {str(error)[:200]}")
+        OUT.write({"benchmark": benchmark, "run_id": RUN, "run": RUN, "impl": impl, "shape": list(shape),
+                   "causal": causal, "dtype": dtype, "error": f"{type(error).__name__}: {str(error)[:500]}",
+                   "environment": ENV})
         return None
     rec = bench.record(benchmark=benchmark, impl=impl, shape=shape, dtype=dtype, time_s=t, causal=causal,
                        run=RUN, env=ENV, layer="kernel", device=ENV["gpu"], repeats=len(ts), warmup=2,
                        times_ms=[round(x, 4) for x in ts], timer="CUDA events around each launch, median",
                        **extra)
-    write(rec)
+    OUT.write(rec)
     res = extra.get("resources", "")
-    log(f"{benchmark:8s} {impl:26s} {str(tuple(shape)):28s} c={int(causal)} {t * 1e3:9.3f} ms "
-        f"{rec['tflops']:7.2f} TFLOP/s {res}")
+    bench.log(f"{benchmark:8s} {impl:26s} {str(tuple(shape)):28s} c={int(causal)} {t * 1e3:9.3f} ms "
+              f"{rec['tflops']:7.2f} TFLOP/s {res}")
     return rec
 
 
@@ -248,12 +217,13 @@ def part_check(args):
                     verdict = "PASS"
                 except Exception as error:  # noqa: BLE001
                     verdict = f"FAIL {type(error).__name__}: {str(error)[:1500]}"
-                    log(traceback.format_exc()[-1500:])
-                log("check", step, splits, shape, {a: b for a, b in opts.items() if a != "alibi_slopes"}, verdict[:200])
-                write({"benchmark": "gpu_steps_check", "run_id": RUN, "run": RUN, "step": step, "splits": splits,
-                       "shape": shape, "options": {a: (b.tolist() if isinstance(b, np.ndarray) else b)
-                                                   for a, b in opts.items()},
-                       "verdict": verdict, "environment": ENV})
+                    bench.log(traceback.format_exc()[-1500:])
+                bench.log("check", step, splits, shape, {a: b for a, b in opts.items() if a != "alibi_slopes"},
+                          verdict[:200])
+                OUT.write({"benchmark": "gpu_steps_check", "run_id": RUN, "run": RUN, "step": step, "splits": splits,
+                           "shape": shape, "options": {a: (b.tolist() if isinstance(b, np.ndarray) else b)
+                                                       for a, b in opts.items()},
+                           "verdict": verdict, "environment": ENV})
 
 
 def part_tune(args):
@@ -277,16 +247,16 @@ def part_tune(args):
                     return None
                 return rec["time_s"]
             except Exception as error:  # noqa: BLE001
-                log(f"tune D={D} {tiling}: FAILED {type(error).__name__}: {str(error)[:300]}")
-                write({"benchmark": "gpu_steps_tune", "run_id": RUN, "run": RUN, "impl": "cuda_tiled",
-                       "shape": list(pr.shape), "tiling": tiling.__dict__, "error": f"{type(error).__name__}: "
-                       f"{str(error)[:500]}", "environment": ENV})
+                bench.log(f"tune D={D} {tiling}: FAILED {type(error).__name__}: {str(error)[:300]}")
+                OUT.write({"benchmark": "gpu_steps_tune", "run_id": RUN, "run": RUN, "impl": "cuda_tiled",
+                           "shape": list(pr.shape), "tiling": tiling.__dict__, "error": f"{type(error).__name__}: "
+                           f"{str(error)[:500]}", "environment": ENV})
                 return None
         cands = CANDIDATES[D]
         best, results = cs.autotune(D, time_plan, candidates=cands, prefetch=(True,), base=TUNE_BASE)
-        log(f"tuned D={D}: {best}")
-        write({"benchmark": "gpu_steps_tuned", "run_id": RUN, "run": RUN, "D": D, "tiling": best.__dict__,
-               "timed": [[t.__dict__, s] for t, s in results], "environment": ENV})
+        bench.log(f"tuned D={D}: {best}")
+        OUT.write({"benchmark": "gpu_steps_tuned", "run_id": RUN, "run": RUN, "D": D, "tiling": best.__dict__,
+                   "timed": [[t.__dict__, s] for t, s in results], "environment": ENV})
         del pr
 
 
@@ -315,12 +285,12 @@ def part_steps(args):
                             call()
                             torch.cuda.synchronize()
                             extra["accuracy"] = accuracy(pr, causal)
-                            log("accuracy", pr.shape, causal, extra["accuracy"])
+                            bench.log("accuracy", pr.shape, causal, extra["accuracy"])
                         time_record("gpu_steps", f"cuda_{step}", call, pr.shape, "float32", causal, args.repeats,
                                     step=step, **step_extra(p), **extra)
                     except Exception as error:  # noqa: BLE001
-                        log(f"step {step} {pr.shape}: FAILED {type(error).__name__}: {str(error)[:300]}")
-                        log(traceback.format_exc()[-1200:])
+                        bench.log(f"step {step} {pr.shape}: FAILED {type(error).__name__}: {str(error)[:300]}")
+                        bench.log(traceback.format_exc()[-1200:])
                 for impl, (fn, dtype) in peers(pr, causal).items():
                     if impl == "torch_sdpa_math" and n > 8192:
                         continue
@@ -396,15 +366,15 @@ def part_decode(args):
                 time_record("gpu_steps_decode", "cuda_split_kv" if splits > 1 else "cuda_no_split", call,
                             pr.shape, "float32", False, args.repeats, accuracy=acc, **step_extra(p))
             except Exception as error:  # noqa: BLE001
-                log(f"decode splits={splits}: FAILED {type(error).__name__}: {str(error)[:300]}")
-                log(traceback.format_exc()[-1200:])
+                bench.log(f"decode splits={splits}: FAILED {type(error).__name__}: {str(error)[:300]}")
+                bench.log(traceback.format_exc()[-1200:])
         rows = 8 * 16 * 1
         n_tiles = -(-32768 // tiling.Bc)
         chosen, inputs = cs.decode_splits(rows, n_tiles, tiling, D, D, regs=regs)
-        write({"benchmark": "gpu_steps_decode_rule", "run_id": RUN, "run": RUN, "D": D, "splits": chosen,
-               "rule": "fewest splits (a power of two) with B*H*splits >= DECODE_WAVES x SMs x blocks per SM",
-               "inputs": inputs, "tiling": tiling.__dict__, "environment": ENV})
-        log(f"decode D={D}: the rule chooses {chosen} splits {inputs}")
+        OUT.write({"benchmark": "gpu_steps_decode_rule", "run_id": RUN, "run": RUN, "D": D, "splits": chosen,
+                   "rule": "fewest splits (a power of two) with B*H*splits >= DECODE_WAVES x SMs x blocks per SM",
+                   "inputs": inputs, "tiling": tiling.__dict__, "environment": ENV})
+        bench.log(f"decode D={D}: the rule chooses {chosen} splits {inputs}")
         for impl, (fn, dtype) in peers(pr, False).items():
             time_record("gpu_steps_decode", impl, fn, pr.shape, dtype, False, args.repeats)
         del pr
@@ -431,9 +401,9 @@ def part_layers(args):
             starts.append(time.perf_counter() - t0)
             torch.cuda.synchronize()
         t = statistics.median(starts)
-        write(bench.record(benchmark="gpu_steps_layers", impl="cuda_tuned", shape=pr.shape, dtype="float32",
-                           time_s=t, run=RUN, env=ENV, layer="launch", device=ENV["gpu"],
-                           timer="host perf_counter around the (asynchronous) launch call, median of 20"))
+        OUT.write(bench.record(benchmark="gpu_steps_layers", impl="cuda_tuned", shape=pr.shape, dtype="float32",
+                               time_s=t, run=RUN, env=ENV, layer="launch", device=ENV["gpu"],
+                               timer="host perf_counter around the (asynchronous) launch call, median of 20"))
         q, k, v = (x.cpu().numpy() for x in (pr.q, pr.k, pr.v))
         cs.attention(q, k, v, step="tuned")
         ts = []
@@ -441,11 +411,11 @@ def part_layers(args):
             t0 = time.perf_counter()
             cs.attention(q, k, v, step="tuned")
             ts.append(time.perf_counter() - t0)
-        write(bench.record(benchmark="gpu_steps_layers", impl="cuda_tuned", shape=pr.shape, dtype="float32",
-                           time_s=statistics.median(ts), run=RUN, env=ENV, layer="end to end", device=ENV["gpu"],
-                           timer="host perf_counter around cuda_steps.attention(numpy...), copies included, "
-                                 "median of 5"))
-        log(f"layers {pr.shape}: launch {t * 1e6:.1f} us, end to end {statistics.median(ts) * 1e3:.2f} ms")
+        OUT.write(bench.record(benchmark="gpu_steps_layers", impl="cuda_tuned", shape=pr.shape, dtype="float32",
+                               time_s=statistics.median(ts), run=RUN, env=ENV, layer="end to end", device=ENV["gpu"],
+                               timer="host perf_counter around cuda_steps.attention(numpy...), copies included, "
+                                     "median of 5"))
+        bench.log(f"layers {pr.shape}: launch {t * 1e6:.1f} us, end to end {statistics.median(ts) * 1e3:.2f} ms")
         del pr
 
 
@@ -512,9 +482,9 @@ def part_sanitize(args):
         check(o, q, k, v, lse=lse, causal=True)
     o, lse = cs.attention(q[:, :, :1], k, v, step="tuned", tiling=cs.DECODE_TILING, splits=3, return_lse=True)
     check(o, q[:, :, :1], k, v, lse=lse)
-    log("\n".join(verdicts))
-    write({"benchmark": "gpu_steps_sanitize", "run_id": RUN, "run": RUN, "cases": len(verdicts),
-           "steps": [*steps, "tuned split-KV decode"], "checks": verdicts, "environment": ENV})
+    bench.log("\n".join(verdicts))
+    OUT.write({"benchmark": "gpu_steps_sanitize", "run_id": RUN, "run": RUN, "cases": len(verdicts),
+               "steps": [*steps, "tuned split-KV decode"], "checks": verdicts, "environment": ENV})
 
 
 def main(argv=None):
@@ -535,20 +505,20 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     if not cs.on_gpu():
         sys.exit("no GPU here; this benchmark needs one")
-    RUN, ENV = bench.new_run(), environment()
-    log(json.dumps(ENV))
+    RUN, ENV = bench.new_run(), bench.gpu_environment()
+    bench.log(json.dumps(ENV))
     if args.tuned:
         for r in bench.load_records(args.tuned, benchmark="gpu_steps_tuned"):
             cs.TUNED[r["D"]] = cs.Tiling(**r["tiling"])
-    with open(args.out, "a", encoding="utf-8") as OUT:
+    with bench.RecordFile(args.out) as OUT:
         for part in args.parts:
             t0 = time.perf_counter()
             try:
                 globals()[f"part_{part}"](args)
             except Exception:  # noqa: BLE001
-                log(traceback.format_exc())
-            log(f"== part {part}: {time.perf_counter() - t0:.1f} s")
-    log(f"records appended to {args.out}")
+                bench.log(traceback.format_exc())
+            bench.log(f"== part {part}: {time.perf_counter() - t0:.1f} s")
+    bench.log(f"records appended to {args.out}")
 
 
 if __name__ == "__main__":

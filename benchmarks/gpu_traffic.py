@@ -12,16 +12,14 @@ its metrics, so the times it reports are not timings; use gpu_steps.py's.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from course_lib.bench import ncu
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum"]
 IMPLS = ["torch_naive", "torch_sdpa_efficient", "cuda_tuned"]
@@ -30,7 +28,6 @@ IMPLS = ["torch_naive", "torch_sdpa_efficient", "cuda_tuned"]
 def child(impl, B, H, N, D, tuned):
     import torch
     import torch.cuda.profiler as profiler
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_steps as gs
     from course_lib import bench
     from course_lib.kernels import cuda_steps as cs
@@ -55,19 +52,9 @@ def child(impl, B, H, N, D, tuned):
     print("CHILD-EXTRA " + json.dumps(extra))
 
 
-def kernel_rows(text, metrics):
-    """One {metric: value} per kernel ncu profiled, in launch order (its --csv --page raw output)."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
-    rows = [r for r in rows if r.get("Kernel Name") and r.get(metrics[0], "").replace(",", "").replace(".", "").isdigit()]
-    return [{"kernel": r["Kernel Name"][:80],
-             **{m: float(r[m].replace(",", "")) for m in metrics if r.get(m, "").replace(",", "").replace(".", "").isdigit()}}
-            for r in rows]
-
-
 def parse(text):
     """Sum each metric over the kernels ncu profiled."""
-    rows = kernel_rows(text, METRICS)
+    rows = ncu.kernel_rows(text, METRICS)
     total = {m: sum(r.get(m, 0.0) for r in rows) for m in METRICS}
     return total, [r["kernel"] for r in rows], {}
 
@@ -102,11 +89,10 @@ def main(argv=None):
         impl, B, H, N, D = args.child
         child(impl, int(B), int(H), int(N), int(D), args.tuned)
         return
-    import ncu
     from course_lib import bench
     env = bench.environment()
     run = bench.new_run()
-    with open(args.out, "a", encoding="utf-8") as out:
+    with bench.RecordFile(args.out) as out:
         for shape in args.shapes:
             B, H, N, D = (int(x) for x in shape.split(","))
             for impl in args.impls:
@@ -133,8 +119,7 @@ def main(argv=None):
                 except Exception as error:  # noqa: BLE001
                     rec = {"benchmark": "gpu_traffic", "run_id": run, "impl": impl, "B": B, "H": H, "Nq": N,
                            "D": D, "error": f"{type(error).__name__}: {error}", "environment": env}
-                out.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
-                out.flush()
+                out.write(rec)
                 print(f"traffic {impl:22s} B={B} H={H} N={N} D={D}: read {rec.get('dram_bytes_read', 0) / 1e6:10.1f} MB "
                       f"write {rec.get('dram_bytes_write', 0) / 1e6:10.1f} MB  kernels {len(rec.get('kernels', []))} "
                       f"{rec.get('error', '')}{rec.get('stderr_tail', '')[-300:]}", flush=True)

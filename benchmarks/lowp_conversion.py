@@ -14,9 +14,7 @@ Appends JSON lines to ``notebooks/records/lowp_conversion.jsonl``.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 import argparse
-import json
 import statistics
-import time
 from pathlib import Path
 
 import ml_dtypes
@@ -37,19 +35,6 @@ def _stream_sum(x):
     for i in range(x.size):
         total += x[i]
     return total
-
-
-def rounds(calls, repeats):
-    """{name: [seconds, ...]}: one call of each per round, after one warm-up round."""
-    for fn in calls.values():
-        fn()
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, fn in calls.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def main(argv=None):
@@ -84,33 +69,29 @@ def main(argv=None):
         calls = {"float32 K (no conversion)": lambda: cv.scores_f32(q, k, s), "once": once,
                  "tile": lambda: cv.scores_tile(q, bits, table, s, args.block_q, 64),
                  "in_loop": lambda: cv.scores_in_loop(q, bits, table, s)}
-        times = rounds(calls, args.repeats)
+        times = bench.interleaved_rounds(calls, args.repeats)
         for place, ts in times.items():
             conversions = 0 if place.startswith("float32") else cv.conversions(nq, nk, d, place, args.block_q)
             keep(kind="place", dtype=dtype, place=place, seqlen_q=nq, seqlen_k=nk, head_dim=d, block_q=args.block_q,
-                 conversions=conversions, repeats=args.repeats, min_s=min(ts), median_s=statistics.median(ts),
-                 max_s=max(ts))
+                 conversions=conversions, repeats=args.repeats, **bench.spread(ts, "s"))
             print(f"{dtype:>14} {place:>26}: median {statistics.median(ts) * 1e3:8.2f} ms "
                   f"(min {min(ts) * 1e3:.2f}, max {max(ts) * 1e3:.2f}), {conversions} conversions")
         # one conversion, alone: decode a large array
         n = args.stream_mib * 2 ** 20 // 4
         big = rng.standard_normal(n).astype(np.float32).astype(np.dtype(dtype))
         big_bits, out = cv.as_bits(big), np.empty(n, np.float32)
-        ts = rounds({"decode": lambda: cv.decode_all(big_bits, table, out)}, 5)["decode"]
-        keep(kind="decode", dtype=dtype, elements=n, min_s=min(ts), median_s=statistics.median(ts), max_s=max(ts),
+        ts = bench.interleaved_rounds({"decode": lambda: cv.decode_all(big_bits, table, out)}, 5)["decode"]
+        keep(kind="decode", dtype=dtype, elements=n, **bench.spread(ts, "s"),
              ns_per_element=statistics.median(ts) / n * 1e9)
         print(f"{dtype:>14} decode: {statistics.median(ts) / n * 1e9:.3f} ns per element")
     n = args.stream_mib * 2 ** 20 // 4
     f32, u8 = rng.standard_normal(n).astype(np.float32), rng.integers(0, 255, 4 * n, dtype=np.uint8)
-    ts = rounds({"float32": lambda: _stream_sum(f32), "uint8": lambda: _stream_sum(u8)}, 5)
+    ts = bench.interleaved_rounds({"float32": lambda: _stream_sum(f32), "uint8": lambda: _stream_sum(u8)}, 5)
     for name, x in (("float32", f32), ("uint8", u8)):
-        keep(kind="stream", array=name, bytes=int(x.nbytes), min_s=min(ts[name]), median_s=statistics.median(ts[name]),
-             max_s=max(ts[name]), bandwidth=x.nbytes / statistics.median(ts[name]))
+        keep(kind="stream", array=name, bytes=int(x.nbytes), **bench.spread(ts[name], "s"),
+             bandwidth=x.nbytes / statistics.median(ts[name]))
         print(f"stream read {name}: {x.nbytes / statistics.median(ts[name]) / 1e9:.2f} GB/s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line, sort_keys=True) + "\n")
+    bench.write_records(args.out, lines)
     print(f"{len(lines)} records appended to {args.out} (run {run})")
 
 

@@ -15,7 +15,6 @@ mean KL divergence of the attention rows.  Appends one JSON line per point to
 times: the numbers do not depend on the machine (seeded inputs, float64).
 """
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -75,10 +74,7 @@ def main(argv=None):
         qi, ki = formats.incoherent(q, k, np.random.default_rng(13))
         incoherent = {"fp8 incoherent": study.RECIPES["fp8"]}
         keep("outlier", f, point(qi, ki, v, incoherent), incoherent, seqlen_k=4096)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line, sort_keys=True) + "\n")
+    bench.write_records(args.out, lines)
     print(f"{len(lines)} records appended to {args.out} (run {run})")
 
 

@@ -26,8 +26,6 @@ Four measurements, all in one run, each appended as JSON lines to
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 import argparse
-import json
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +37,6 @@ from course_lib.parallel.run import Job, Problem, run_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "notebooks" / "records" / "parallel_comm.jsonl"
-
-
-def spread(values):
-    return {"min": float(min(values)), "median": float(statistics.median(values)), "max": float(max(values))}
 
 
 def per_round(timings, key):
@@ -57,7 +51,7 @@ def measured_imbalance(timings):
     for r in range(len(timings[0])):
         steps = np.array([rank[r]["compute_s"] for rank in timings]).T   # (steps, ranks)
         ratios.append(sharding.imbalance(steps))
-    return spread(ratios)
+    return bench.spread(ratios)
 
 
 def main(argv=None):
@@ -112,7 +106,7 @@ def main(argv=None):
                            "head_dim": a.head_dim, "dtype": a.dtype, "rounds": a.rounds,
                            "bytes_sent_per_rank": sent, "messages_per_rank": costmodel.messages(strategy, a.world_size),
                            "predicted_comm_s": costmodel.predict(strategy, alpha, beta, **shape),
-                           "measured_comm_s": spread(measured)}
+                           "measured_comm_s": bench.spread(measured)}
                     rows.append(row)
                     print(f"N={n:>6} {strategy:>8}: {sent / 1e6:8.3f} MB in {row['messages_per_rank']} messages, "
                           f"predicted {row['predicted_comm_s'] * 1e3:8.3f} ms, measured median "
@@ -120,9 +114,9 @@ def main(argv=None):
             for job, (_, _, timings) in zip(jobs, results):
                 row = {**base, "kind": "overlap", "impl": impl, "strategy": job.strategy, "overlap": job.overlap,
                        "seqlen": n, "heads": a.heads, "head_dim": a.head_dim, "dtype": a.dtype, "rounds": a.rounds,
-                       "compute_s": spread(per_round(timings, "compute_s")),
-                       "exposed_comm_s": spread(per_round(timings, "wait_s")),
-                       "wall_s": spread([max(rank[r]["wall_s"] for rank in timings) for r in range(a.rounds)])}
+                       "compute_s": bench.spread(per_round(timings, "compute_s")),
+                       "exposed_comm_s": bench.spread(per_round(timings, "wait_s")),
+                       "wall_s": bench.spread([max(rank[r]["wall_s"] for rank in timings) for r in range(a.rounds)])}
                 rows.append(row)
                 print(f"{impl:>16} N={n:>6} {job.label(a.world_size):<42} compute "
                       f"{row['compute_s']['median'] * 1e3:8.2f} ms, exposed comm {row['exposed_comm_s']['median'] * 1e3:8.2f}"
@@ -133,14 +127,11 @@ def main(argv=None):
                 row = {**base, "kind": "imbalance", "impl": impl, "scheme": job.scheme, "seqlen": n,
                        "heads": a.heads, "head_dim": a.head_dim, "dtype": a.dtype, "rounds": a.rounds,
                        "counted_imbalance": counted, "measured_imbalance": measured_imbalance(timings),
-                       "wall_s": spread([max(rank[r]["wall_s"] for rank in timings) for r in range(a.rounds)])}
+                       "wall_s": bench.spread([max(rank[r]["wall_s"] for rank in timings) for r in range(a.rounds)])}
                 rows.append(row)
                 print(f"{impl:>16} N={n:>6} causal ring, {job.scheme:<10}: imbalance counted {counted:.3f}, "
                       f"measured {row['measured_imbalance']['median']:.3f}, wall {row['wall_s']['median'] * 1e3:.2f} ms")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    with a.out.open("a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+    bench.write_records(a.out, rows)
     print(f"appended {len(rows)} records to {a.out}")
 
 

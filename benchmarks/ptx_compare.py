@@ -19,6 +19,7 @@ nvidia-cuda-nvrtc, installed into a scratch folder, never the course's .venv):
 comments, blank lines and numba's environment declarations (``.common .global ... _ZN08NumbaEnv...``, one per
 Python function compiled in, used by no instruction), and diffs the instructions.
 """
+import argparse
 import difflib
 import os
 import re
@@ -45,7 +46,7 @@ def kernel_ptx(kernel, args):
     return cuda.compile_ptx(kernel.py_func, sig, fastmath=kernel.targetoptions.get("fastmath", False), cc=(9, 0))[0]
 
 
-def dump(outdir):
+def dump(outdir, only=()):
     assert not os.environ.get("NUMBA_ENABLE_CUDASIM")
     import numpy as np
     off_the_gpu()
@@ -79,7 +80,7 @@ def dump(outdir):
         return (q, k, k, *p.args, np.zeros((splits, 1, 2, Nq, D), np.float32),
                 np.zeros((splits, 1, 2, Nq), np.float32))
 
-    only = set(sys.argv[3:])
+    only = set(only)
     for D in (64, 128):
         for step in cs.SIMT_STEPS:
             name = f"{step}_D{D}"
@@ -136,10 +137,21 @@ def compare(before, after):
     return total
 
 
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    dump_parser = commands.add_parser("dump", help="write every kernel's PTX into OUTDIR")
+    dump_parser.add_argument("outdir")
+    dump_parser.add_argument("kernels", nargs="*", help="only these (e.g. tuned_D64 decode_D128 merge)")
+    diff = commands.add_parser("compare", help="diff two dumps; exit status 1 if any instruction differs")
+    diff.add_argument("before")
+    diff.add_argument("after")
+    args = parser.parse_args(argv)
+    if args.command == "dump":
+        dump(args.outdir, args.kernels)
+        return 0
+    return 1 if compare(args.before, args.after) else 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "dump":
-        dump(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
-    else:
-        sys.exit(__doc__)
+    sys.exit(main())

@@ -25,8 +25,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 GPU_RUN = "20261206T074510+0000"     # chapter 12's tensor-core backward on an H100, with its kernels' resources
 
 
@@ -111,12 +109,12 @@ def main(argv=None):
     run, env = bench.new_run(), bench.environment()
     scratch = Path("/tmp/ptxas_resources")
     scratch.mkdir(exist_ok=True)
-    with open(args.out, "a") as out:
+    with bench.RecordFile(args.out) as out:
         for fields, kernel, kargs in (*forward_kernels(), *backward_kernels()):
             res = ptxas(kernel_ptx(kernel, kargs), args.ptxas, scratch / "kernel.ptx")
             rec = {"benchmark": "ptxas_resources", "run": run, "run_id": run, **fields, **res,
                    "tool": f"ptxas -v -arch=sm_90, off the GPU ({version})", "environment": env}
-            out.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+            out.write(rec)
             print(f"{fields['step']:>22} {fields.get('chain_step', fields['kernel']):>18} D={fields['D']:3d}: "
                   f"{res['registers']} registers, spill {res['spill_stores']} / {res['spill_loads']} B, "
                   f"stack {res['stack_frame']} B, smem {res['shared_bytes']} B"

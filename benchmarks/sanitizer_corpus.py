@@ -19,7 +19,6 @@ This is a record of a run, not a test: CI never runs it.
 """
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -30,12 +29,10 @@ from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT))
 
-from course_lib import cudacheck  # noqa: E402
-from course_lib.cudacheck.corpus import CASES, case  # noqa: E402
-from course_lib.cudacheck.sanitizer_record import RECORD, TOOL_OF_KIND, TOOLS  # noqa: E402
+from course_lib import bench, cudacheck
+from course_lib.cudacheck.corpus import CASES, case
+from course_lib.cudacheck.sanitizer_record import RECORD, TOOL_OF_KIND, TOOLS
 
 MATCH, DIFFER = "LAUNCH MATCHES SPEC", "LAUNCH DIFFERS FROM SPEC"
 
@@ -168,9 +165,8 @@ def main(argv=None):
                    for key, cmd in jobs.items()}
         outputs = {key: f.result() for key, f in futures.items()}
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{'kernel':34} {'variant':7} " + " ".join(f"{t:>10}" for t in args.tools) + "  cudacheck / plain run")
-    with args.out.open("a", encoding="utf-8") as f:
+    with bench.RecordFile(args.out) as out:
         for c in cases:
             for variant in ("buggy", "fixed"):
                 verdict = cudacheck_verdict(c, variant)
@@ -200,7 +196,7 @@ def main(argv=None):
                                                                    if TOOL_OF_KIND[k] == tool]},
                            "summary": summary, "plain_run": plain, "griddim": c.griddim,
                            "blockdim": c.blockdim, "environment": env}
-                    f.write(json.dumps(rec, sort_keys=True) + "\n")
+                    out.write(rec)
                 cells = ["timeout" if san["status"] == "timeout" else san["status"] if san["status"] != "ok"
                          else f"{san['errors']}+{san['hazards']}" if san["flagged"] else "-"
                          for san in reports.values()]

@@ -2,32 +2,24 @@
 
     python benchmarks/vec_explore.py OUTDIR [parts...]
 """
+import argparse
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import gpu_steps as gs  # noqa: E402
-from course_lib.kernels import cuda_steps as cs  # noqa: E402
-from course_lib.core.flops import attention_flops  # noqa: E402
+import gpu_steps as gs
+from course_lib import bench
+from course_lib.kernels import cuda_steps as cs
+from course_lib.core.flops import attention_flops
 
-OUTDIR = Path(sys.argv[1])
-PARTS = sys.argv[2:] or ["check", "cands", "causal", "decode"]
-LOG = open(OUTDIR / "explore.jsonl", "a")
-gs.OUT = open(OUTDIR / "check.jsonl", "a")
-gs.RUN = "explore"
-gs.ENV = {}
+LOG = None     # explore.jsonl: every timing of the exploration
 
 
 def rec(**kw):
-    LOG.write(json.dumps(kw, default=str) + "\n")
-    LOG.flush()
-    print(json.dumps(kw, default=str), flush=True)
+    print(json.dumps(LOG.write(kw), default=str), flush=True)
 
 
 def T(Br, Bc, th, tx, pf=True, cap=0):
@@ -110,10 +102,22 @@ def part_decode():
         torch.cuda.empty_cache()
 
 
-for part in PARTS:
-    t0 = time.time()
-    try:
-        globals()[f"part_{part}"]()
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-    print(f"== {part} {time.time() - t0:.1f}s", flush=True)
+def main(argv=None):
+    global LOG
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outdir", type=Path, help="where explore.jsonl and check.jsonl are appended to")
+    parser.add_argument("parts", nargs="*", default=["check", "cands", "causal", "decode"])
+    args = parser.parse_args(argv)
+    gs.RUN, gs.ENV = "explore", {}
+    with bench.RecordFile(args.outdir / "explore.jsonl") as LOG, bench.RecordFile(args.outdir / "check.jsonl") as gs.OUT:
+        for part in args.parts:
+            t0 = time.time()
+            try:
+                globals()[f"part_{part}"]()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+            print(f"== {part} {time.time() - t0:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

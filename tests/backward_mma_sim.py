@@ -17,7 +17,8 @@ import course_lib
 from course_lib import checks
 from course_lib.core import rules
 from course_lib.kernels.cuda_steps import mma, mma_sim, tensor_core_backward as tb
-from cuda_steps_sim import verdict
+from course_lib.bench.cases import with_slopes
+from course_lib.bench.timing import verdict
 
 SMALL = tb.BackwardTiling(warps=2, Bi=16)
 tb.default_tiling = lambda kind, D, Dv: SMALL
@@ -36,7 +37,7 @@ CASES = {
 def run_case(name, seed=0):
     B, H, Hk, Nq, Nk, D, Dv, options, dtype = CASES[name]
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-    options = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
+    options = with_slopes(options)
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal(s).astype(dt) for s in ((B, H, Nq, D), (B, Hk, Nk, D), (B, Hk, Nk, Dv)))
     out, lse = course_lib.attention(q, k, v, impl="reference", return_lse=True, **options)

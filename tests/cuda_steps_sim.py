@@ -10,24 +10,12 @@ import numpy as np
 from numba import cuda
 
 import course_lib
-from course_lib import checks, kernels
+from course_lib import checks
 from course_lib.core import rules
+from course_lib.bench.cases import CUDA_IMPLS, FORWARD_CASES, with_slopes
+from course_lib.bench.timing import verdict
 from course_lib.kernels import cuda_steps as cs
 
-# name: (B, H, Hk, Nq, Nk, D, Dv, options, splits); the cases with splits > 1 are split-KV's
-CASES = {
-    "tails_gqa_causal": (1, 4, 2, 21, 27, 16, 16, {"causal": True}, 1),
-    "nq_gt_nk_odd_dims": (1, 2, 2, 19, 9, 7, 5, {}, 1),
-    "nq_lt_nk_window_mqa": (1, 3, 1, 5, 30, 8, 6, {"window_size": (4, 2)}, 1),
-    "softcap_alibi_causal_top_left": (2, 2, 2, 13, 11, 8, 8,
-                                      {"softcap": 1.5, "causal": True, "causal_align": "top_left",
-                                       "alibi_slopes": [0.5, 0.1]}, 1),
-    "empty_rows": (1, 2, 2, 12, 9, 4, 4, {"window_size": (0, 0), "causal_align": "top_left"}, 1),
-    "nk_below_one_tile": (1, 2, 1, 11, 3, 8, 8, {}, 1),
-    "split_kv_causal": (1, 2, 1, 9, 40, 8, 8, {"causal": True}, 3),
-    "decode_split_kv": (2, 2, 1, 1, 45, 16, 16, {}, 4),
-}
-CUDA_IMPLS = [name for name, impl in kernels.IMPLS.items() if impl.cuda and not impl.gpu_only]
 
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, seed):
@@ -38,23 +26,12 @@ def problem(B, H, Hk, Nq, Nk, D, Dv, seed):
                            rng.standard_normal((B, Hk, Nk, Dv)).astype(np.float32))
 
 
-def verdict(fn):
-    try:
-        fn()
-        return "PASS"
-    except AssertionError as error:
-        msg = (str(error).splitlines() or ["(no message)"])[0][:300]
-        return msg if msg.startswith("FAIL") else "FAIL " + msg
-    except Exception as error:  # noqa: BLE001
-        return f"ERROR {type(error).__name__}: {str(error)[:300]}"
-
-
 def run_case(impl, name, seed=0):
     """impl (a registry name) on case ``name`` through course_lib.attention; a split-KV case runs
     cuda_steps.attention with step ``impl`` and the case's splits."""
-    B, H, Hk, Nq, Nk, D, Dv, options, splits = CASES[name]
+    B, H, Hk, Nq, Nk, D, Dv, options, splits = FORWARD_CASES[name]
     q, k, v = problem(B, H, Hk, Nq, Nk, D, Dv, seed)
-    options = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
+    options = with_slopes(options)
     tiling = replace(cs.DECODE_TILING, Bc=8, threads=8, tx=8) if name.startswith("decode") else None
 
     def go():
@@ -133,7 +110,7 @@ if __name__ == "__main__":
     import io
     results = {}
     with contextlib.redirect_stdout(io.StringIO()):   # the checks print their verdicts; we keep ours
-        for name, case in CASES.items():
+        for name, case in FORWARD_CASES.items():
             for impl in (cs.SPLIT_KV_STEPS if case[-1] > 1 else CUDA_IMPLS):
                 results[f"{impl}/{name}"] = run_case(impl, name)
         for kind in ("partial_tile_marked_full", "skip_a_needed_tile", "natural_scale_in_base_2", "wrong_kv_head"):

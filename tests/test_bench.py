@@ -4,8 +4,8 @@ The records are a contract (shared/DESIGN.md, "Measuring"): each one carries the
 shape, dtype, mask, impl, block sizes, the median time, the derived TFLOP/s and
 bytes moved, and where it was measured; a record whose time leaves the kernel's work
 out (the launch layer) carries no FLOP rate."""
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +124,7 @@ def test_a_record_refuses_an_unknown_layer_and_a_given_flop_rate():
 def test_no_committed_launch_record_claims_a_flop_rate(path):
     launch = [r for r in bench.load_records(path) if r.get("layer") == "launch"]
     assert not [r for r in launch if r.get("tflops") is not None], f"{path.name}: launch records with TFLOP/s"
-    from course_lib import evaluate
+    from course_lib.tools import evaluate
     layers = evaluate.LAYERS if path.name == "model_eval.jsonl" else bench.LAYERS   # chapter 13's model
     assert all(r.get("layer") in (None, *layers) for r in bench.load_records(path))
 
@@ -357,8 +357,9 @@ def test_h200_records_hold_every_step_and_peer_in_one_run():
     """Every step is timed beside its peers in one run: the chapter's run, or for the steps that
     split tiled_prefetch -> tiled_vec4 into one change each (added after it), the chain's run,
     which times the chain's two ends again beside naive torch and checks every step on the GPU."""
-    sys.path.insert(0, str(RECORDS.parent.parent / "benchmarks"))
-    import gpu_steps
+    spec = importlib.util.spec_from_file_location("gpu_steps", RECORDS.parent.parent / "benchmarks" / "gpu_steps.py")
+    gpu_steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_steps)
     records = bench.load_records(RECORDS / "gpu_steps.jsonl", benchmark="gpu_steps")
     assert len({r["run_id"] for r in records}) == 1
     impls = {r["impl"] for r in records}

@@ -22,12 +22,11 @@ import pytest
 import course_lib
 from course_lib import kernels
 from course_lib.core import hardware, rules
+from course_lib.bench.cases import CUDA_IMPLS, FORWARD_CASES
 from course_lib.kernels import cuda_steps as cs
 from course_lib.kernels.cuda_steps import __main__ as cli
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-import cuda_steps_sim as sim  # noqa: E402
 
 PLANTED = ("partial_tile_marked_full", "skip_a_needed_tile", "natural_scale_in_base_2", "wrong_kv_head",
            "mean_merge")
@@ -43,8 +42,8 @@ def verdicts():
 
 
 def step_cases():
-    for name, case in sim.CASES.items():
-        for impl in (cs.SPLIT_KV_STEPS if case[-1] > 1 else sim.CUDA_IMPLS):
+    for name, case in FORWARD_CASES.items():
+        for impl in (cs.SPLIT_KV_STEPS if case[-1] > 1 else CUDA_IMPLS):
             yield pytest.param(impl, name, id=f"{impl}-{name}")
 
 

@@ -47,7 +47,7 @@ def test_training_record_names_the_data_and_keeps_held_out_files_out_of_training
 
 def test_the_torch_network_that_was_trained_is_the_numpy_network(model):
     torch = pytest.importorskip("torch")
-    from course_lib import train
+    from course_lib.tools import train
     net = train.load_numpy_weights(train.build(model.config), model.weights)
     tokens = np.frombuffer(b"def main(argv=None):\n    return 0\n", dtype=np.uint8).astype(np.int64)[None]
     with torch.no_grad():
@@ -155,7 +155,7 @@ def test_a_planted_fp8_mistake_shows_up_as_a_quality_change(model, heldout):
 
 def test_auto_attention_records_each_calls_choice_and_reason(model, heldout):
     from course_lib import lowp
-    from course_lib.evaluate import AUTO_BUDGET, choices_by_layer
+    from course_lib.tools.evaluate import AUTO_BUDGET, choices_by_layer
     text = heldout[2048:2048 + 2 * 64 + 1]
     auto = lowp.AutoAttention(AUTO_BUDGET, impl="flash_numpy")
     ppl = model.perplexity(text, impl=auto, length=64)
@@ -173,7 +173,7 @@ def test_the_fallback_leaves_fp8_when_a_new_key_overflows_the_planned_scale(mode
     inf: the kernel would see NaN.  The fallback sees it and picks fp16, within the budget."""
     import ml_dtypes
     from course_lib import lowp
-    from course_lib.evaluate import AUTO_BUDGET
+    from course_lib.tools.evaluate import AUTO_BUDGET
     from course_lib.lowp.precision import cast_inputs
     q, k, v = _captured_layer0(model, heldout[2048:2048 + 24])
     q = q[:, :, -1:]  # a decode step: the newest token's query against every cached key
@@ -321,7 +321,7 @@ def test_a_full_cache_is_refused(model):
 # -- the evaluation records ---------------------------------------------------------------
 
 def test_evaluation_records_carry_what_the_brief_asks(model):
-    from course_lib import evaluate
+    from course_lib.tools import evaluate
     ev = evaluate.Evaluation(model, quick=True, impls=["reference", "flash_numpy"], repeats=1)
     rows = [ev.quality_row("flash_numpy", "float32", "prefill", None),
             ev.quality_row(evaluate.PAGED, "float16", "decode", "paged")]
@@ -340,7 +340,7 @@ def test_evaluation_records_carry_what_the_brief_asks(model):
 
 
 def test_evaluate_can_run_the_quality_table_alone(model):
-    from course_lib import evaluate
+    from course_lib.tools import evaluate
     ev = evaluate.Evaluation(model, quick=True, impls=["naive", "flash_numpy"], repeats=1)
     labels = [label for label, _ in ev.tasks(["quality"])]
     assert labels and all(label.startswith("quality") for label in labels)
@@ -349,6 +349,6 @@ def test_evaluate_can_run_the_quality_table_alone(model):
 
 
 def test_evaluate_refuses_an_unknown_impl(model):
-    from course_lib import evaluate
+    from course_lib.tools import evaluate
     with pytest.raises(ValueError, match="unknown impls"):
         evaluate.Evaluation(model, impls=["flash_turbo"])

@@ -37,7 +37,6 @@ time as a ratio to ``torch_naive`` (or ``naive``) of the same run and bucket.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
@@ -47,7 +46,7 @@ import numpy as np
 
 from ..core.hardware import hardware, preset_for
 from .peers import PEER_DTYPES, TORCH_PEERS, gpu_here, peer_runs_on, torch_calls, torch_or_none
-from .records import environment, latest_run, load_records, new_run, record
+from .records import RecordFile, environment, latest_run, load_records, new_run, record
 from .timing import cuda_time_it, time_it
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,11 +137,9 @@ def run(args) -> list:
     if args.impls:
         impls = [i for i in impls if i in args.impls]
     records = []
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    with out.open("a", encoding="utf-8") as f, tqdm(total=len(todo) * len(impls), desc="bench",
-                                                     disable=args.quiet) as bar:
+    with RecordFile(args.out) as out, tqdm(total=len(todo) * len(impls), desc="bench",
+                                           disable=args.quiet) as bar:
         for b in todo:
             shape = (b["B"], b["H"], b["Nq"], b["Nk"], b["D"])
             arrays = None
@@ -166,8 +163,7 @@ def run(args) -> list:
                     if torch is not None and on_gpu:
                         torch.cuda.empty_cache()
                 rec["runs_on"] = runs_on(impl, b["dtype"], on_gpu)
-                f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
-                f.flush()
+                out.write(rec)
                 records.append(rec)
                 bar.update()
             del arrays

@@ -45,9 +45,7 @@ flagged too.  The records alone decide: nothing is re-run to compare.
 """
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +55,8 @@ import numpy as np
 from ..core.flops import attention_flops
 from ..core.masks import MaskSpec
 from .peers import torch_or_none
-from .records import environment, latest_run, load_records, new_run
+from .records import environment, latest_run, load_records, new_run, write_records
+from .timing import spread
 
 BENCHMARK = "matrix"
 PATHS = ("reference", "public", "native")
@@ -237,12 +236,11 @@ def to_record(bucket, path, result, run_id, env):
            "environment": env}
     if "refused" in result:
         return {**rec, "impl": None, "refused": result["refused"], "median_ms": None}
-    ms = [t * 1e3 for t in result["times_s"]]
-    med = statistics.median(ms)
+    summary = spread([t * 1e3 for t in result["times_s"]], "ms", every=True)
+    fastest, med = summary["min_ms"], summary["median_ms"]
     return {**rec, "impl": result["ran"].split(" ")[0], "ran": result["ran"],
-            "fallback": "fallback" in result["ran"], "times_ms": ms, "rounds": len(ms),
-            "min_ms": min(ms), "median_ms": med, "max_ms": max(ms), "spread": max(ms) / min(ms) - 1,
-            "noise": med / min(ms) - 1,
+            "fallback": "fallback" in result["ran"], **summary,
+            "spread": summary["max_ms"] / fastest - 1, "noise": med / fastest - 1,
             "tflops": bucket.flops() / (med / 1e3) / 1e12, "max_abs_err": result["max_abs_err"]}
 
 
@@ -261,11 +259,7 @@ def run(todo, out=None, paths=None, rounds=3, progress=True) -> list:
             records.append(to_record(bucket, path, result, run_id, env))
     env["load_average_end"] = list(os.getloadavg())  # every record holds this one env
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("a", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+        write_records(out, records)
     return records
 
 

@@ -5,6 +5,8 @@ time, the layer it measures (``LAYERS``), the FLOPs and bytes derived from the
 problem, and where it ran (``environment()``); ``append_record`` appends it to
 a JSON-lines file, and the chapters read the records back with
 ``load_records`` and compare only records of one run (``latest_run``).
+Every record file is written through ``RecordFile`` (or ``write_records``): one
+sorted JSON line a record, flushed at once.
 
 A FLOP rate is work over time, and the FLOPs are always the kernel's work
 (``core.flops.attention_flops``), so a record carries one only where its time
@@ -44,6 +46,30 @@ def environment() -> dict:
     if "driver_cuda" in gpu:
         facts["gpu_driver"] = gpu["driver_cuda"]
     return facts
+
+
+def gpu_environment() -> dict:
+    """``environment()`` on a CUDA machine, with what a GPU timing depends on: torch and its CUDA and
+    cuDNN, the GPU's name, nvidia-smi's line (driver, memory, max SM clock) and numba's CUDA versions.
+    Needs torch with CUDA and a GPU."""
+    import subprocess
+
+    import numba
+    import torch
+    from numba import cuda
+    env = environment()
+    env.update(torch=torch.__version__, torch_cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0),
+               numba=numba.__version__, cudnn=torch.backends.cudnn.version())
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
+        env["nvidia_smi"] = smi
+        env["driver"] = smi.split(",")[1].strip()
+    except Exception as error:  # noqa: BLE001 -- a missing nvidia-smi is recorded, not fatal
+        env["nvidia_smi"] = f"unavailable: {error}"
+    env["cuda_runtime_numba"] = ".".join(map(str, cuda.runtime.get_version()))
+    env["cuda_driver_api"] = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
+    return env
 
 
 def new_run() -> str:
@@ -108,14 +134,41 @@ def record(*, benchmark, impl, shape, dtype, time_s, causal=False, causal_align=
     }
 
 
+class RecordFile:
+    """A JSON-lines record file opened for appending (``with RecordFile(path) as out: out.write(rec)``).
+
+    Each record is one line, keys sorted, flushed at once, so a run cut short keeps
+    what it measured.  ``stamp`` holds fields every record of the file carries
+    (``run``, ``run_id``, ``environment``, ...); a record's own fields win.
+    """
+
+    def __init__(self, path, **stamp):
+        self.path, self.stamp, self._file = Path(path), stamp, None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+    def write(self, rec: dict) -> dict:
+        rec = {**self.stamp, **rec}
+        self._file.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+        self._file.flush()
+        return rec
+
+
+def write_records(path, records, **stamp) -> list:
+    """Append every record of ``records`` to ``path`` (``RecordFile``, with ``stamp``); returns them as written."""
+    with RecordFile(path, **stamp) as out:
+        return [out.write(rec) for rec in records]
+
+
 def append_record(path, **fields) -> dict:
     """Build ``record(**fields)`` and append it to the JSON-lines file ``path``; returns it."""
-    rec = record(**fields)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(rec, sort_keys=True) + "\n")
-    return rec
+    return write_records(path, [record(**fields)])[0]
 
 
 def load_records(path, **match) -> list:

@@ -107,7 +107,7 @@ class Transformer:
 
     @classmethod
     def load(cls, path=DEFAULT_WEIGHTS) -> "Transformer":
-        """The committed weights (``python -m course_lib.train`` wrote them)."""
+        """The committed weights (``python -m course_lib.tools.train`` wrote them)."""
         with np.load(path) as data:
             config = Config(**json.loads(str(data["config"])))
             return cls(config, {name: data[name] for name in data.files if name != "config"})

@@ -1,6 +1,6 @@
 """Judge the kernels inside chapter 13's model, the brief's checklist as measured tables.
 
-    python -m course_lib.evaluate [--quick] [--impls reference flash_numpy ...] [--only quality ...] [--out FILE]
+    python -m course_lib.tools.evaluate [--quick] [--impls reference flash_numpy ...] [--only quality ...] [--out FILE]
 
 Tables, every row a JSON-line record (``--out``) carrying the impl, the
 precision, the phase (prefill | decode), the attention shape (B, H, H_kv, Nq,
@@ -26,7 +26,6 @@ of one run only, as ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,14 +33,14 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from . import kernels, lowp
-from .api import attention, available_impls
-from .bench.records import environment, new_run
-from .bench.timing import time_interleaved, time_it
-from .core.options import attention_options
-from .model import corpus, custom_masks
-from .model.split_kv import split_kv_decode
-from .model.transformer import Transformer
+from .. import kernels, lowp
+from ..api import attention, available_impls
+from ..bench.records import environment, new_run, write_records
+from ..bench.timing import time_interleaved, time_it
+from ..core.options import attention_options
+from ..model import corpus, custom_masks
+from ..model.split_kv import split_kv_decode
+from ..model.transformer import Transformer
 
 # The precision table's rows: the dtype attention's q, k, v and the KV cache
 # are stored in.
@@ -373,7 +372,7 @@ def format_tables(records) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m course_lib.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib.tools.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short texts and few repeats (a few minutes)")
     parser.add_argument("--impls", nargs="+", help=f"impls to judge (default: {', '.join(available_impls())})")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per number (default 3 quick, 7 full)")
@@ -390,11 +389,7 @@ def main(argv=None):
             bar.set_postfix_str(label[:40])
             records.extend(task())
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("a", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
+        write_records(args.out, records)
     print(format_tables(records))
     return records
 

@@ -1,6 +1,6 @@
 """Train chapter 13's byte-level language model with PyTorch on the CPU.
 
-    python -m course_lib.train [--steps 600] [--out course_lib/model/weights/byte_lm.npz]
+    python -m course_lib.tools.train [--steps 600] [--out course_lib/model/weights/byte_lm.npz]
 
 The text is the Python standard library's own source, which ships with every
 Python and which nobody on the course wrote: ``model.corpus.TRAIN_FILES`` to
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench.records import environment
-from .model import corpus
-from .model.transformer import Config, DEFAULT_WEIGHTS
+from ..bench.records import environment
+from ..model import corpus
+from ..model.transformer import Config, DEFAULT_WEIGHTS
 
 RECORD_NAME = "training.json"  # written beside the weights
 
@@ -181,7 +181,7 @@ def train(*, steps, batch, lr, seed, out, config, eval_every=50, threads=1):
     np.savez(out, config=np.array(json.dumps(config.as_dict())), **numpy_weights(net))
     record = {
         "what": "training run of chapter 13's byte-level model",
-        "command": f"python -m course_lib.train --steps {steps} --batch {batch} --lr {lr} --seed {seed}",
+        "command": f"python -m course_lib.tools.train --steps {steps} --batch {batch} --lr {lr} --seed {seed}",
         "config": config.as_dict(), "steps": steps, "batch": batch, "lr": lr, "seed": seed,
         "tokens_seen": steps * batch * config.context, "threads": threads,
         "parameters": int(sum(p.numel() for p in net.parameters())),
@@ -197,7 +197,7 @@ def train(*, steps, batch, lr, seed, out, config, eval_every=50, threads=1):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m course_lib.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib.tools.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
