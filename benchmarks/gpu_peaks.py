@@ -19,18 +19,12 @@ up, then profiles exactly one call between ``cudaProfilerStart`` / ``Stop``.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from course_lib import bench
+from course_lib.bench import ncu
 
 SHAPE = dict(B=2, H=16, N=8192, D=128)            # chapter 02's plotted shape
 NCU_SEQLENS = (4096, 16384)                        # chapter 03's ncu shapes (B = 2, H = 16, D = 128)
@@ -39,21 +33,6 @@ BACKENDS = {"torch_sdpa_cudnn": "CUDNN_ATTENTION", "torch_sdpa_flash": "FLASH_AT
             "torch_sdpa_efficient": "EFFICIENT_ATTENTION"}
 RUNS_ON = {"torch_sdpa_cudnn": "cuDNN, fp16 tensor cores", "torch_sdpa_flash": "FlashAttention-2, fp16 tensor cores",
            "torch_sdpa_efficient": "CUTLASS memory-efficient, fp16 tensor cores"}
-
-
-def gpu_environment():
-    import torch
-
-    from course_lib import bench
-    env = bench.environment()
-    env.update(torch=torch.__version__, torch_cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0),
-               cudnn=torch.backends.cudnn.version())
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
-        env["nvidia_smi"] = out
-    return env
 
 
 def sdpa_call(impl, N, B=SHAPE["B"], H=SHAPE["H"], D=SHAPE["D"]):
@@ -72,8 +51,6 @@ def sdpa_call(impl, N, B=SHAPE["B"], H=SHAPE["H"], D=SHAPE["D"]):
 def ceilings(repeats):
     """(name, value, unit, detail) of the copy bandwidth and the fp32 sgemm ceiling."""
     import torch
-
-    from course_lib import bench
     out = []
     n = 1 << 28                                      # 1 GiB of float32 each way
     src = torch.randn(n, device="cuda")
@@ -95,15 +72,11 @@ def ceilings(repeats):
 
 def measure(out, repeats):
     import torch
-
-    from course_lib import bench
-    env, run = gpu_environment(), bench.new_run()
+    env, run = bench.gpu_environment(), bench.new_run()
     rows = []
-    with open(out, "a", encoding="utf-8") as f:
+    with bench.RecordFile(out, benchmark="gpu_peaks", run=run, run_id=run, device=env["gpu"]) as f:
         for name, value, unit, detail in ceilings(repeats):
-            rec = dict(benchmark="gpu_peaks", kind="ceiling", measure=name, value=value, unit=unit, run=run,
-                       run_id=run, device=env["gpu"], **detail, environment=env)
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.write(dict(kind="ceiling", measure=name, value=value, unit=unit, **detail, environment=env))
             rows.append(f"{name:22s} {value / 1e12:8.2f} T{unit}")
     B, H, N, D = SHAPE["B"], SHAPE["H"], SHAPE["N"], SHAPE["D"]
     for impl in BACKENDS:
@@ -136,38 +109,23 @@ def child(impl, N):
     profiler.stop()
 
 
-def kernel_rows(text):
-    """One {metric: value} per kernel ncu profiled, from its --csv --page raw output."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
-    rows = []
-    for r in csv.DictReader(io.StringIO("\n".join(lines))):
-        values = {m: r.get(m, "").replace(",", "") for m in NCU_METRICS}
-        if r.get("Kernel Name") and all(v.replace(".", "").isdigit() for v in values.values()):
-            rows.append({"kernel": r["Kernel Name"][:100], **{m: float(v) for m, v in values.items()}})
-    return rows
-
-
 def profile(out, run, env, impl="torch_sdpa_flash"):
-    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    ncu_path = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     B, H, D = SHAPE["B"], SHAPE["H"], SHAPE["D"]
-    with open(out, "a", encoding="utf-8") as f:
+    with bench.RecordFile(out, benchmark="gpu_peaks", run=run, run_id=run, device=env["gpu"]) as f:
         for N in NCU_SEQLENS:
-            cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
-                   "--metrics", ",".join(NCU_METRICS), sys.executable, __file__, "--child", impl, str(N)]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
-            rows = kernel_rows(done.stdout)
+            done = subprocess.run(ncu.command(ncu_path, NCU_METRICS, __file__, ["--child", impl, str(N)]),
+                                  capture_output=True, text=True, timeout=600, env=dict(os.environ))
+            rows = ncu.kernel_rows(done.stdout, NCU_METRICS)
             if not rows:
                 print(f"ncu N={N}: no kernel rows (rc {done.returncode})\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
                 continue
             dram = sum(r["dram__bytes_read.sum"] + r["dram__bytes_write.sum"] for r in rows)
             l2 = sum(r["lts__t_bytes.sum"] for r in rows)
-            rec = dict(benchmark="gpu_peaks", kind="ncu", impl=impl, runs_on=RUNS_ON[impl], dtype="float16",
-                       B=B, H=H, Nq=N, Nk=N, D=D, causal=False, dram_bytes=dram, l2_bytes=l2,
-                       kernels=rows, run=run, run_id=run, device=env["gpu"],
-                       how="ncu --clock-control none --profile-from-start off, one call after warm-up",
-                       environment=env)
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.write(dict(kind="ncu", impl=impl, runs_on=RUNS_ON[impl], dtype="float16", B=B, H=H, Nq=N, Nk=N, D=D,
+                         causal=False, dram_bytes=dram, l2_bytes=l2, kernels=rows,
+                         how="ncu --clock-control none --profile-from-start off, one call after warm-up",
+                         environment=env))
             print(f"ncu {impl} N={N}: DRAM {dram / 1e6:.0f} MB, L2 {l2 / 1e9:.2f} GB over {len(rows)} kernel(s)")
 
 
