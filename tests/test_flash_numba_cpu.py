@@ -10,43 +10,34 @@ import ml_dtypes
 import numba
 import numpy as np
 import pytest
+from conftest import attention_problems, make_qkv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import course_lib
 from course_lib import checks, kernels
-from course_lib.core.options import attention_options
 from course_lib.core import rules
+from course_lib.core.options import attention_options
 from course_lib.kernels import cpu_steps as fnc
+from course_lib.kernels import launch
 from course_lib.kernels.cpu_steps import tile as cpu_tile
 from course_lib.kernels.cpu_steps import versions
-from course_lib.kernels import launch
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 
 
-@st.composite
-def problems(draw):
-    heads_k = draw(st.integers(1, 2))
-    heads = heads_k * draw(st.integers(1, 3))
-    nq, nk = draw(st.integers(1, 40)), draw(st.integers(1, 40))
-    d, dv = draw(st.integers(1, 33)), draw(st.integers(1, 9))
-    options = dict(causal=draw(st.booleans()), causal_align=draw(st.sampled_from(["bottom_right", "top_left"])),
-                   window_size=(draw(st.integers(-1, 6)), draw(st.integers(-1, 6))),
-                   softcap=draw(st.sampled_from([0.0, 2.0])),
-                   block_q=draw(st.integers(1, 20)), block_k=draw(st.integers(1, 20)))
-    if draw(st.booleans()):
-        options["alibi_slopes"] = np.linspace(0.05, 0.7, 2 * heads).reshape(2, heads)
-    shapes = (2, heads, nq, d), (2, heads_k, nk, d), (2, heads_k, nk, dv)
-    return shapes, options, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2 ** 16))
+# chapter 08's kernel on a batch of two: every mask, softcap, ALiBi per (batch, head), any tile
+PROBLEMS = attention_problems(batch=st.just(2), seqlen=st.integers(1, 40), head_dim=st.integers(1, 33),
+                              head_dim_v=st.integers(1, 9), heads_k=st.integers(1, 2), window=st.integers(-1, 6),
+                              softcap=st.sampled_from([0.0, 2.0]), block=st.integers(1, 20),
+                              alibi=st.sampled_from([None, "batch_heads"]), dtype=st.sampled_from(DTYPES))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=problems())
+@given(problem=PROBLEMS)
 def test_matches_the_reference_on_random_problems(problem):
-    shapes, options, dtype, seed = problem
-    rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal(shape).astype(dtype) for shape in shapes)
+    shape, options, dtype, seed = problem
+    q, k, v = make_qkv(seed, dtype=dtype, **shape)
     out, lse = course_lib.attention(q, k, v, impl="flash_numba_cpu", return_lse=True, **options)
     assert out.dtype == q.dtype and lse.dtype == rules.lse_dtype(dtype)
     checks.check_attention(out, q, k, v, lse=lse, **options)
