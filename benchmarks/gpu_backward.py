@@ -34,7 +34,7 @@ from course_lib import bench, checks  # noqa: E402
 from course_lib.core.backward_options import call_backward  # noqa: E402
 from course_lib.bench.peers import peer_runs_on  # noqa: E402
 from course_lib.kernels import backward_numba_cuda as bk  # noqa: E402
-from course_lib.kernels.cuda_steps import tensor_core_backward as tb  # noqa: E402
+from course_lib.kernels.tensor_cores import backward as tb  # noqa: E402
 
 OUT = RUN = ENV = None
 

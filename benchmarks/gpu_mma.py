@@ -1,4 +1,4 @@
-"""The tensor-core steps (``cuda_steps.tensor_core``) on a GPU: checked, then timed beside PyTorch in one run.
+"""The tensor-core steps (``kernels.tensor_cores``) on a GPU: checked, then timed beside PyTorch in one run.
 
     python benchmarks/gpu_mma.py --out notebooks/records/gpu_mma.jsonl [--parts check resources time causal decode]
 
@@ -43,7 +43,7 @@ from course_lib import bench, checks  # noqa: E402
 from course_lib.bench.peers import peer_runs_on  # noqa: E402
 from course_lib.core import rules  # noqa: E402
 from course_lib.core.options import call_forward  # noqa: E402
-from course_lib.kernels.cuda_steps import tensor_core as tc  # noqa: E402
+from course_lib.kernels import tensor_cores as tc  # noqa: E402
 from cuda_steps_sim import CASES as SIM_CASES, verdict  # noqa: E402
 
 OUT = RUN = ENV = None

@@ -48,7 +48,7 @@ efficient fp32 35.1 / 45.1); * the steps that split ``tiled_prefetch`` -> ``tile
 one change each, medians of 5 alternated rounds of their own run
 (notebooks/records/gpu_steps_chain.jsonl, where ``tiled_prefetch`` ran 13.4 / 10.5 and
 ``tiled_vec4`` 24.9 / 13.7); + the tensor-core steps (chapter 11's GPU half,
-``cuda_steps.tensor_core``), notebooks/records/gpu_mma.jsonl: ``cuda_mma_f16`` in float16 and
+``tensor_cores``), notebooks/records/gpu_mma.jsonl: ``cuda_mma_f16`` in float16 and
 ``cuda_mma_3xtf32`` tuned in run 20261202T063651+0000 (torch_sdpa_flash fp16 288.6 / 346.0,
 torch_sdpa_efficient fp32 34.7 / 45.8 in that run), ``cuda_mma_tf32`` untuned in run
 20261202T062533+0000.  They are inline PTX: a real GPU only, never a simulator (``gpu_only``).  ``cuda_tuned`` is 1.36x / 1.06x naive torch and
@@ -94,7 +94,7 @@ def _step(name, what):
 
 
 def _mma_step(name, what):
-    return Impl("course_lib.kernels.cuda_steps.tensor_core", what, "mma_forward", {"step": name}, cuda=True,
+    return Impl("course_lib.kernels.tensor_cores.forward", what, "mma_forward", {"step": name}, cuda=True,
                 gpu_only=True)
 
 
@@ -156,7 +156,7 @@ BACKWARD_IMPLS = {
     "flash_numba_cuda": Impl("course_lib.kernels.backward_numba_cuda",
                              "CUDA, float32 SIMT: a thread per key row for dK, dV (GQA summed there), then per query row for dQ",
                              "attention_backward", cuda=True),
-    "cuda_mma_f16": Impl("course_lib.kernels.cuda_steps.tensor_core_backward",
+    "cuda_mma_f16": Impl("course_lib.kernels.tensor_cores.backward",
                          "CUDA, float16 / bfloat16 on the tensor cores: the same two kernels, each product an mma.sync",
                          "attention_backward", cuda=True),
 }
