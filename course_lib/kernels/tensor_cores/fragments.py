@@ -134,6 +134,11 @@ def make_padded_products(shape):
             s[j, 0], s[j, 1], s[j, 2], s[j, 3])
 
     @cuda.jit(device=True, forceinline=True)
+    def v_word(vs, row, col):
+        """Word (row, col) of the padded V tile."""
+        return vs[row, col]
+
+    @cuda.jit(device=True, forceinline=True)
     def pv_step(x, s, vs, vb, o, lane):
         """O's fragment e += P's chunk pc times V's (x = pc o_tiles + e): P's fragments become A's."""
         pc, e = x // o_tiles, x % o_tiles
@@ -141,11 +146,11 @@ def make_padded_products(shape):
         n1, w1 = b_word(lane, 1)
         a0, a1, a2, a3 = p_as_a(s, pc)
         if tf32:
-            b0 = vs[pc * 8 + key_of(w0), e * 8 + n0]
-            b1 = vs[pc * 8 + key_of(w1), e * 8 + n1]
+            b0 = v_word(vs, pc * 8 + key_of(w0), e * 8 + n0)
+            b1 = v_word(vs, pc * 8 + key_of(w1), e * 8 + n1)
         else:
-            b0 = vs[e * 8 + n0, pc * 8 + w0]
-            b1 = vs[e * 8 + n1, pc * 8 + w1]
+            b0 = v_word(vs, e * 8 + n0, pc * 8 + w0)
+            b1 = v_word(vs, e * 8 + n1, pc * 8 + w1)
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
 
     return unroll(shape.k_chunks * s_tiles, s_step), unroll(shape.pv_chunks * o_tiles, pv_step)
@@ -193,6 +198,11 @@ def make_swizzled_products(shape):
             a0, a1, a2, a3, b2, b3, o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3])
 
     @cuda.jit(device=True, forceinline=True)
+    def v_word(vs, vb, row, col):
+        """Word (row, col) of the swizzled V tile at word vb."""
+        return vs[vb + swz(row, col, v_words)]
+
+    @cuda.jit(device=True, forceinline=True)
     def pv_step_tf32(x, s, vs, vb, o, lane):
         """O's fragment e += P's chunk pc times V's (x = pc o_tiles + e), B's word w key tf32_key(w)."""
         pc, e = x // o_tiles, x % o_tiles
@@ -203,8 +213,8 @@ def make_swizzled_products(shape):
             b0 = vs[vb + vw_addr(lane, 0, e, pc, v_words)]
             b1 = vs[vb + vw_addr(lane, 1, e, pc, v_words)]
         else:
-            b0 = vs[vb + swz(pc * 8 + key_of(w0), e * 8 + n0, v_words)]
-            b1 = vs[vb + swz(pc * 8 + key_of(w1), e * 8 + n1, v_words)]
+            b0 = v_word(vs, vb, pc * 8 + key_of(w0), e * 8 + n0)
+            b1 = v_word(vs, vb, pc * 8 + key_of(w1), e * 8 + n1)
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
 
     s_product = unroll(shape.k_chunks * s_tiles // 2, s_step)

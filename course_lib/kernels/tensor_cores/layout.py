@@ -44,7 +44,8 @@ class MmaTiling:
     warps: int = 4
     Bc: int = 64
     staged: bool = True      # a thread's K / V words all loaded before any is stored (False: one at a time)
-    prefetch: bool = True    # and the next tile's loaded during this one (registers: Bc * (D + Dv) / threads words)
+    prefetch: bool = True    # and the next tile's loaded during this one (registers: Bc * (D + Dv) / threads words);
+                             # step b's padded tiles only: the ldmatrix and cp.async versions do not prefetch
     ldmatrix: bool = False   # B fragments by ldmatrix from swizzled, unpadded tiles (V by keys, not transposed)
     stages: int = 1          # 2: cp.async copies the next tile into a second buffer during this one
 
