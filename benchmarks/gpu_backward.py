@@ -28,7 +28,7 @@ from course_lib.core.backward_options import call_backward
 from course_lib.bench.cases import BACKWARD_CASES, run_backward_case
 from course_lib.bench.peers import peer_runs_on
 from course_lib.kernels import backward_numba_cuda as bk
-from course_lib.kernels.cuda_steps import tensor_core_backward as tb
+from course_lib.kernels.tensor_cores import backward as tb
 
 OUT = RUN = ENV = None
 

@@ -89,7 +89,7 @@ def ldsm_conflicts(counters):
 def mma_tilings(kind, D):
     """(label, tiling) profiled at head dim D: chapter 11's chain, then the tuned tiling if it is another."""
     import gpu_mma
-    from course_lib.kernels.cuda_steps import tensor_core as tc
+    from course_lib.kernels import tensor_cores as tc
     steps = gpu_mma.chain(kind, D)
     tuned = tc.default_tiling(kind, D, D)
     return steps + ([("tuned", tuned)] if all(t != tuned for _, t in steps) else [])
@@ -112,7 +112,7 @@ def profile(calls):
 def mma_child(shapes):
     """One profiled call of every (step, tiling, shape), after a compile and a warm-up."""
     import gpu_mma
-    from course_lib.kernels.cuda_steps import tensor_core as tc
+    from course_lib.kernels import tensor_cores as tc
     calls = []
     for B, H, N, D in shapes:
         q, k, v = gpu_mma.problem(B, H, H, N, N, D, D, "float32", seed=1)

@@ -1,4 +1,4 @@
-"""The tensor-core steps (``cuda_steps.tensor_core``) on a GPU: checked, then timed beside PyTorch in one run.
+"""The tensor-core steps (``kernels.tensor_cores``) on a GPU: checked, then timed beside PyTorch in one run.
 
     python benchmarks/gpu_mma.py --out notebooks/records/gpu_mma.jsonl [--parts check resources time causal decode]
 
@@ -36,7 +36,7 @@ from course_lib import bench, checks
 from course_lib.bench.peers import peer_runs_on
 from course_lib.core import rules
 from course_lib.core.options import call_forward
-from course_lib.kernels.cuda_steps import tensor_core as tc
+from course_lib.kernels import tensor_cores as tc
 from course_lib.bench.cases import FORWARD_CASES
 
 OUT = RUN = ENV = None

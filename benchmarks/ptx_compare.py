@@ -1,4 +1,5 @@
-"""PTX for sm_90 of every chapter-10 kernel the H200 records ran, compiled off the GPU.
+"""PTX for sm_90 of every chapter-10 kernel the H200 records ran, and of every tensor-core kernel of
+chapters 11 and 12 (``dump_tensor_cores``), compiled off the GPU.
 
 A committed GPU record stands for the code only while its kernels compile to the same
 instructions; this tells, on a machine without a GPU, whether a change kept them.  It needs
@@ -14,10 +15,14 @@ nvidia-cuda-nvrtc, installed into a scratch folder, never the course's .venv):
     python benchmarks/ptx_compare.py compare /tmp/ptx_before /tmp/ptx_after
 
 ``dump`` uses only these names of cuda_steps: ``plan(step, q, k, v, opts, mask, tiling=, splits=)``,
-``SIMT_STEPS``, ``STEP_TILING``, ``Tiling``, ``DECODE_TILING`` and ``make_merge_kernel()``.
+``SIMT_STEPS``, ``STEP_TILING``, ``Tiling``, ``DECODE_TILING`` and ``make_merge_kernel()``; of
+``kernels.tensor_cores`` (and its ``backward``): ``plan``, ``words``, ``staged_tiling``, ``default_tiling``,
+``decode_tiling``, ``shared_bytes``, ``MAX_SHARED`` and ``STATIC_SHARED`` (a checkout older than that package
+names its modules in ``sys.modules`` first).
 ``compare`` renames every mangled symbol (_Z...) and shared array (_cudapy_smem_<n>) to S<n> in order of first appearance, drops
-comments, blank lines and numba's environment declarations (``.common .global ... _ZN08NumbaEnv...``, one per
-Python function compiled in, used by no instruction), and diffs the instructions.
+comments, blank lines and numba's environment pointers (``.common .global .u64 _ZN08NumbaEnv...``: one per Python
+function compiled, which no instruction reads, so their count follows how the source is split into functions),
+and diffs the instructions.
 """
 import argparse
 import difflib
@@ -102,6 +107,89 @@ def dump(outdir, only=()):
         merge = cs.make_merge_kernel()
         emit("merge", merge, (np.zeros((4, 1, 2, 1, 64), np.float32), np.zeros((4, 1, 2, 1), np.float32),
                               np.zeros((1, 2, 1, 64), np.float32), np.zeros((1, 2, 1), np.float32)))
+    dump_tensor_cores(out, only)
+
+
+# (step, input dtype, kind) of every tensor-core kernel, and the head dims: 64 and 128 as timed, 40 for rows
+# of fewer than 8 chunks (the swizzle's other branch, the unfolded ldmatrix addresses), as the checks ran
+TC_STEPS = (("mma_f16", "float16", "f16"), ("mma_f16", "bfloat16", "bf16"), ("mma_tf32", "float32", "tf32x1"),
+            ("mma_3xtf32", "float32", "tf32x3"))
+TC_HEAD_DIMS = (40, 64, 128)
+
+
+def tensor_core_tilings(tc, kind, D):
+    """(label, tiling, query rows) of every forward version at head dim D: each load path of chapter 11's
+    chain (one word at a time, register-staged with and without prefetch, ldmatrix, cp.async), the tuned
+    tiling and the decode tiling."""
+    from dataclasses import replace
+    staged = tc.staged_tiling(kind, D, D)
+    ld = replace(staged, prefetch=False, ldmatrix=True)
+    found = [("plain", replace(staged, staged=False, prefetch=False), 64),
+             ("staged", replace(staged, prefetch=False), 64), ("prefetch", replace(staged, prefetch=True), 64),
+             ("ldmatrix", ld, 64), ("cp_async", replace(ld, stages=2), 64),
+             ("tuned", tc.default_tiling(kind, D, D), 64), ("decode", tc.decode_tiling(kind, D, D), 1)]
+    seen, out = set(), []
+    for label, tiling, Nq in found:
+        if (tiling, Nq) not in seen and tc.shared_bytes(kind, tiling, D, D) <= (
+                tc.MAX_SHARED if tiling.stages > 1 else tc.STATIC_SHARED):
+            seen.add((tiling, Nq))
+            out.append((label, tiling, Nq))
+    return out
+
+
+def dump_tensor_cores(out, only=()):
+    """PTX of chapter 11's tensor-core forward (every kind, version and head dim above) and of chapter 12's
+    two backward kernels (float16 and bfloat16, D = 64 / 128), named ``tc_<kind>_<version>_D<D>``."""
+    import numpy as np
+    from course_lib.core.backward_options import call_backward
+    from course_lib.core.options import call_forward
+    from course_lib.kernels import tensor_cores as tc
+    from course_lib.kernels.tensor_cores import backward as tb
+    from course_lib.core import rules
+    print("tensor cores from", tc.__file__, flush=True)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def emit(name, kernel, args):
+        ptx = kernel_ptx(kernel, args)
+        (out / f"{name}.ptx").write_text(ptx)
+        print(name, len(ptx.splitlines()), "lines", flush=True)
+
+    dtypes = {"float16": np.float16, "bfloat16": rules.ml_dtypes.bfloat16, "float32": np.float32}
+    for step, dtype, kind in TC_STEPS:
+        for D in TC_HEAD_DIMS:
+            for label, tiling, Nq in tensor_core_tilings(tc, kind, D):
+                name = f"tc_{kind}_{label}_D{D}"
+                if only and name not in only:
+                    continue
+                q, k = np.zeros((1, 2, Nq, D), dtypes[dtype]), np.zeros((1, 2, 256, D), dtypes[dtype])
+                got = {}
+
+                def grab(q, k, v, opts, mask):
+                    got["p"] = tc.plan(step, q, k, v, opts, mask, tiling=tiling, splits=2)
+                    return np.zeros(1), np.zeros(1)
+                call_forward(grab, q, k, k.copy(), causal=True)
+                p = got["p"]
+                emit(name, p.kernel, (*(tc.words(x, kind) for x in (q, k, k)), *p.args,
+                                      np.zeros((p.splits, 1, 2, Nq, D), np.float32),
+                                      np.zeros((p.splits, 1, 2, Nq), np.float32)))
+    for dtype, kind in (("float16", "f16"), ("bfloat16", "bf16")):
+        for D in (64, 128):
+            names = (f"tc_backward_{kind}_dkdv_D{D}", f"tc_backward_{kind}_dq_D{D}")
+            if only and not set(names) & set(only):
+                continue
+            q, k = np.zeros((1, 2, 64, D), dtypes[dtype]), np.zeros((1, 1, 64, D), dtypes[dtype])
+            o, lse = np.zeros((1, 2, 64, D), dtypes[dtype]), np.zeros((1, 2, 64), np.float32)
+            got = {}
+
+            def grab(q, k, v, out, lse, dout, opts, mask):
+                got["p"] = tb.plan(q, k, v, opts, mask)
+                return None, None, None
+            call_backward(grab, q, k, k.copy(), o, lse, o)
+            dkdv, dq, _, _, _, args_kv, args_q, kind_ = got["p"]
+            ins = tuple(tc.words(x, kind_) for x in (q, k, k, o)) + (lse, lse)
+            emit(names[0], dkdv, (*ins, *args_kv, np.zeros(k.shape, np.float32), np.zeros(k.shape, np.float32)))
+            emit(names[1], dq, (*ins, *args_q, np.zeros(q.shape, np.float32)))
 
 
 def normalise(text):

@@ -46,8 +46,8 @@ def forward_kernels():
     import gpu_mma
     from gpu_counters import MMA_KINDS, mma_tilings
     from course_lib.core.options import call_forward
-    from course_lib.kernels.cuda_steps import tensor_core as tc
-    from course_lib.kernels.cuda_steps.mma_layout import words
+    from course_lib.kernels import tensor_cores as tc
+    from course_lib.kernels.tensor_cores.layout import words
     for step, dtype in MMA_KINDS:       # the kernels chapter 11's counters profiled
         kind = tc.kind_of(step, dtype)
         for D in (64, 128):
@@ -72,8 +72,8 @@ def forward_kernels():
 def backward_kernels():
     """(record fields, kernel, arguments) of chapter 12's two tensor-core backward kernels, fp16, D = 64 / 128."""
     from course_lib.core.backward_options import call_backward
-    from course_lib.kernels.cuda_steps import tensor_core_backward as tb
-    from course_lib.kernels.cuda_steps.mma_layout import words
+    from course_lib.kernels.tensor_cores import backward as tb
+    from course_lib.kernels.tensor_cores.layout import words
     gpu = {}
     for line in (ROOT / "notebooks" / "records" / "gpu_backward.jsonl").read_text().splitlines():
         r = json.loads(line)

@@ -1,6 +1,6 @@
 """Run by tests/test_backward_mma.py in a subprocess with NUMBA_ENABLE_CUDASIM=1 (numba's simulator must be
 chosen before numba is imported): the tensor-core backward (``cuda_mma_f16``, its mma.sync emulated by
-``mma_sim``) on small awkward cases in float16 / bfloat16 through ``course_lib.attention_backward``, checked
+``tensor_cores.sim``) on small awkward cases in float16 / bfloat16 through ``course_lib.attention_backward``, checked
 against the float64 gradient, and three planted mistakes; one JSON line of verdicts on stdout.
 
 Two warps and inner tiles of 16 rows (the GPU's default is 4 and 64): the same code with every tile
@@ -16,9 +16,9 @@ from numba import cuda
 import course_lib
 from course_lib import checks
 from course_lib.core import rules
-from course_lib.kernels.cuda_steps import mma, mma_sim, tensor_core_backward as tb
 from course_lib.bench.cases import with_slopes
 from course_lib.bench.timing import verdict
+from course_lib.kernels.tensor_cores import backward as tb, mma, sim as mma_sim
 
 SMALL = tb.BackwardTiling(warps=2, Bi=16)
 tb.default_tiling = lambda kind, D, Dv: SMALL
@@ -55,7 +55,7 @@ def run_case(name, seed=0):
 
 
 def mma_unit(kind, seed=3):
-    """One warp's mma through ``mma_sim`` against numpy: A (16 x 16) B^T (B 8 x 16) + C, fragments placed by
+    """One warp's mma through ``sim`` against numpy: A (16 x 16) B^T (B 8 x 16) + C, fragments placed by
     the PTX ISA's tables; the verdict says how far the emulated instruction is from float64's product."""
     dt = ml_dtypes.bfloat16 if kind == "bf16" else np.float16
     op = mma_sim.mma_bf16 if kind == "bf16" else mma_sim.mma_f16
@@ -84,7 +84,7 @@ def mma_unit(kind, seed=3):
 def planted(kind):
     """The check must fail on each: GQA's dK / dV not summed over the group (only the first query head of
     each group), the mask forgotten in the recomputed P (every tile FULL), and A's registers of P^T / dS^T
-    packed in the wrong order (the fragment table of ``mma_layout.HALF_A`` with its second and third
+    packed in the wrong order (the fragment table of ``layout.HALF_A`` with its second and third
     registers swapped, as one misreading the PTX ISA's figure would write it)."""
     real_plan, real_half = tb.plan, tb.HALF_A
 

@@ -1,5 +1,5 @@
 """The tensor-core backward (backward impl ``cuda_mma_f16``) in numba's simulator, its mma.sync emulated by
-``mma_sim``: the emulated instruction against numpy, every case against the float64 gradient, and the
+``tensor_cores.sim``: the emulated instruction against numpy, every case against the float64 gradient, and the
 planted mistakes caught (tests/backward_mma_sim.py, in a subprocess: the simulator must be chosen before
 numba is imported).  On a GPU the same checks run through benchmarks/gpu_backward.py --parts check_mma."""
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import course_lib
-from course_lib.kernels.cuda_steps import tensor_core_backward as tb
+from course_lib.kernels.tensor_cores import backward as tb
 
 HERE = Path(__file__).resolve().parent
 

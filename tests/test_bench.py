@@ -15,6 +15,7 @@ from course_lib import bench
 from course_lib.bench import cli as benchrun
 from course_lib.bench import timing
 from course_lib.kernels import cuda_steps as cs
+from course_lib.kernels import tensor_cores
 from course_lib.core.flops import attention_flops
 
 RECORDS = Path(__file__).resolve().parent.parent / "notebooks" / "records"
@@ -257,14 +258,14 @@ def test_the_tensor_core_steps_are_timed_on_a_gpu_only():
 @pytest.mark.parametrize("impl, dtype, why", [("cuda_mma_f16", "float32", "takes float16 or bfloat16"),
                                               ("cuda_mma_3xtf32", "float16", "computes float32 inputs")])
 def test_a_tensor_core_step_refuses_a_dtype_it_does_not_take(monkeypatch, impl, dtype, why):
-    monkeypatch.setattr(cs.tensor_core, "available", lambda: True)   # the dtype decides, on a GPU too
+    monkeypatch.setattr(tensor_cores, "available", lambda: True)   # the dtype decides, on a GPU too
     b = _bucket(dtype=dtype)
     with pytest.raises(benchrun.NotApplicable, match=why):
         benchrun.callable_for(impl, b, _inputs(b), on_gpu=True)
 
 
 def test_a_tensor_core_step_without_a_gpu_says_it_is_not_available(monkeypatch):
-    monkeypatch.setattr(cs.tensor_core, "available", lambda: False)
+    monkeypatch.setattr(tensor_cores, "available", lambda: False)
     b = _bucket(dtype="float16")
     with pytest.raises(benchrun.NotApplicable, match="mma_f16 is not available here"):
         benchrun.mma_call("mma_f16", b, _inputs(b))
@@ -276,13 +277,13 @@ def test_a_decode_bucket_takes_decode_splits_choice_and_a_prefill_one_no_split(m
     def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):
         launched.append((step, q.dtype.name, splits))
         return (lambda: "launched"), None, None
-    monkeypatch.setattr(cs.tensor_core, "available", lambda: True)
-    monkeypatch.setattr(cs.tensor_core, "launcher", launcher)
+    monkeypatch.setattr(tensor_cores, "available", lambda: True)
+    monkeypatch.setattr(tensor_cores, "launcher", launcher)
     for step, dtype in (("mma_f16", "float16"), ("mma_3xtf32", "float32")):
         decode = _bucket(kind="decode", B=2, H=4, Nq=1, Nk=4096, D=64, dtype=dtype)
         prefill = _bucket(Nq=1024, Nk=1024, D=64, dtype=dtype)
-        chosen = cs.tensor_core.decode_splits(step, dtype, 2, 4, 1, 4096, 64, 64)[0]
-        assert chosen > 1 and cs.tensor_core.decode_splits(step, dtype, 1, 2, 1024, 1024, 64, 64)[0] > 1
+        chosen = tensor_cores.decode_splits(step, dtype, 2, 4, 1, 4096, 64, 64)[0]
+        assert chosen > 1 and tensor_cores.decode_splits(step, dtype, 1, 2, 1024, 1024, 64, 64)[0] > 1
         for b in (decode, prefill):     # the rule would split both: only decode may
             assert benchrun.mma_call(step, b, _inputs(b))() == "launched"
         assert launched[-2:] == [(step, dtype, chosen), (step, dtype, 1)]
@@ -299,7 +300,7 @@ def test_every_record_says_what_its_impl_ran_on(tmp_path, monkeypatch):
     assert benchrun.runs_on("torch_naive", "float32", False) == "CPU"
     # a run here, where the tensor-core steps are refused (a dtype) or not available (no GPU): still records
     monkeypatch.setattr(benchrun, "impls_here", lambda on_gpu, torch_here: ["flash_numpy", *benchrun.MMA_STEPS])
-    monkeypatch.setattr(cs.tensor_core, "available", lambda: False)
+    monkeypatch.setattr(tensor_cores, "available", lambda: False)
     out = tmp_path / "b.jsonl"
     benchrun.main(["--out", str(out), "--sizes", "32", "--head-dims", "16", "--no-decode", "--cpu-tokens", "32",
                    "--repeats", "1", "--quiet", "--cpu", "--dtypes", "float32", "float16"])
@@ -323,7 +324,7 @@ def test_both_cuda_calls_take_their_options_from_validated(monkeypatch):
         seen.append(([x.shape for x in arrays], causal))
         raise Seen
     monkeypatch.setattr(benchrun, "validated", validated)
-    monkeypatch.setattr(cs.tensor_core, "available", lambda: True)
+    monkeypatch.setattr(tensor_cores, "available", lambda: True)
     b = _bucket(causal=True)
     for call in (lambda: benchrun.cuda_call(b, _inputs(b)), lambda: benchrun.mma_call("mma_3xtf32", b, _inputs(b))):
         with pytest.raises(Seen):

@@ -22,6 +22,7 @@ LAYERS = {"core": 0, "cudacheck": 0, "kernels": 1, "api": 2, "checks": 2, "": 2,
 # The top level: the public modules and command-line tools, then one package per idea.
 MAX_TOP_MODULES = 8
 MAX_LINES = 600
+MAX_FUNCTION_LINES = 200
 
 
 def modules():
@@ -94,6 +95,31 @@ def test_no_library_file_is_longer_than_a_sitting():
     long = sorted(f"{p.relative_to(PACKAGE)}: {n} lines" for p in PACKAGE.rglob("*.py")
                   if (n := len(p.read_text().splitlines())) > MAX_LINES)
     assert not long, f"files over {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def long_functions(root=PACKAGE, limit=MAX_FUNCTION_LINES):
+    """"path:line name: n lines" of every function (a nested one counted on its own, its lines also its
+    enclosing function's) longer than ``limit`` lines, decorators and docstring included."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if (n := node.end_lineno - first + 1) > limit:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {n} lines")
+    return found
+
+
+def test_no_function_is_longer_than_a_screenful_or_two():
+    """A kernel version is one function a reader can hold; a longer one is two ideas (or a factory of flags)."""
+    long = long_functions()
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_a_planted_long_function_is_caught(tmp_path):
+    (tmp_path / "m.py").write_text("def outer():\n    def inner():\n" + "        x = 1\n" * 200 + "    return inner\n")
+    assert long_functions(tmp_path) == ["m.py:1 outer: 203 lines", "m.py:2 inner: 201 lines"]
+    assert long_functions(tmp_path, limit=203) == []
 
 
 def test_the_top_level_holds_few_modules_and_only_placed_packages():

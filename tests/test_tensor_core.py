@@ -15,8 +15,8 @@ import pytest
 import course_lib
 from course_lib import kernels
 from course_lib.core import rules
-from course_lib.kernels.cuda_steps import mma
-from course_lib.kernels.cuda_steps import tensor_core as tc
+from course_lib.kernels import tensor_cores as tc
+from course_lib.kernels.tensor_cores import mma
 
 RECORDS = Path(__file__).resolve().parent.parent / "notebooks" / "records" / "gpu_mma.jsonl"
 

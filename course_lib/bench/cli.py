@@ -56,7 +56,7 @@ GPU_SIZES = (1024, 4096, 16384, 32768)
 CPU_SIZES = (256, 1024)
 CPU_IMPLS = ("naive", "flash_numpy", "flash_numba_cpu")
 CPU_PEERS = ("torch_naive", "torch_sdpa_math", "torch_sdpa_flash")
-MMA_STEPS = {"cuda_mma_f16": "mma_f16", "cuda_mma_3xtf32": "mma_3xtf32"}   # impl: its tensor_core step
+MMA_STEPS = {"cuda_mma_f16": "mma_f16", "cuda_mma_3xtf32": "mma_3xtf32"}   # impl: its tensor_cores step
 GPU_IMPLS = ("cuda_tuned", *MMA_STEPS)
 RUNS_ON = {**dict.fromkeys(CPU_IMPLS, "CPU"), "cuda_tuned": "SIMT fp32",
            "cuda_mma_f16": "mma.sync m16n8k16, fp32 accumulation",
@@ -261,10 +261,10 @@ def cuda_call(b, arrays):
 
 
 def mma_call(step, b, arrays):
-    """A tensor-core step of chapter 11 (``tensor_core``) on the bucket's inputs, split-KV at decode as
-    ``tensor_core.decode_splits`` chooses.  Its launcher converts and copies the inputs to the device once,
+    """A tensor-core step of chapter 11 (``tensor_cores``) on the bucket's inputs, split-KV at decode as
+    ``tensor_cores.decode_splits`` chooses.  Its launcher converts and copies the inputs to the device once,
     here: the timed call is the kernel (and split-KV's merge) alone."""
-    from ..kernels.cuda_steps import tensor_core as tc
+    from ..kernels import tensor_cores as tc
     try:
         tc.kind_of(step, b["dtype"])
     except TypeError as why:

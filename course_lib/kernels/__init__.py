@@ -50,7 +50,7 @@ H200; d: notebooks/records/gpu_mma.jsonl, run 20261206T074745+0000, NVIDIA H100 
 ``python benchmarks/results.py`` writes this column from the records; the ratios to the peers of the
 same runs are in benchmarks/README.md.
 
-The tensor-core rows (chapter 11's GPU half, ``cuda_steps.tensor_core``) are inline PTX: a real
+The tensor-core rows (chapter 11's GPU half, ``tensor_cores``) are inline PTX: a real
 GPU only, never a simulator (``gpu_only``).  The CPU impls' times are in
 notebooks/records/cpu_attention.jsonl and bench_cpu.jsonl.
 
@@ -91,7 +91,7 @@ def _step(name, what):
 
 
 def _mma_step(name, what):
-    return Impl("course_lib.kernels.cuda_steps.tensor_core", what, "mma_forward", {"step": name}, cuda=True,
+    return Impl("course_lib.kernels.tensor_cores.forward", what, "mma_forward", {"step": name}, cuda=True,
                 gpu_only=True)
 
 
@@ -153,7 +153,7 @@ BACKWARD_IMPLS = {
     "flash_numba_cuda": Impl("course_lib.kernels.backward_numba_cuda",
                              "CUDA, float32 SIMT: a thread per key row for dK, dV (GQA summed there), then per query row for dQ",
                              "attention_backward", cuda=True),
-    "cuda_mma_f16": Impl("course_lib.kernels.cuda_steps.tensor_core_backward",
+    "cuda_mma_f16": Impl("course_lib.kernels.tensor_cores.backward",
                          "CUDA, float16 / bfloat16 on the tensor cores: the same two kernels, each product an mma.sync",
                          "attention_backward", cuda=True),
 }

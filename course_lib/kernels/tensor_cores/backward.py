@@ -3,7 +3,7 @@
 The algorithm is ``backward_numba_cuda``'s (FA2's: P recomputed from the stored lse, D_i = rowsum(dO_i O_i)
 computed once on the host, two kernels so that dQ needs no atomics); what changes is that each of its five
 tile products is ``mma.sync.m16n8k16`` (fp32 accumulation) on fragments, as the forward's are
-(``tensor_core``), and that a warp, not a thread, owns 16 rows:
+(``forward``), and that a warp, not a thread, owns 16 rows:
 
 - ``dkdv_kernel``: a block of ``warps`` warps owns 16 ``warps`` keys, each warp 16 of them, its K and V
   fragments in registers (A operands) for the whole kernel.  For each query tile of ``Bi`` rows of every
@@ -19,7 +19,7 @@ The scale multiplies dK and dQ once, at the end.  EMPTY tiles are skipped by the
 the tails are applied on the fragments of PARTIAL and edge tiles, by the scalar rules every kernel shares.
 A row that saw no key (lse = -inf) and the rows past Nq get lse = +inf: P = 0, a zero gradient.
 
-On a GPU the products are inline PTX (``mma``); in numba's simulator they are ``mma_sim``'s emulation, so
+On a GPU the products are inline PTX (``mma``); in numba's simulator they are ``sim``'s emulation, so
 the whole kernel is checked on a machine without a GPU (small shapes) and again on the GPU
 (``benchmarks/gpu_backward.py --parts check_mma``), where it is timed beside PyTorch's fp16 backward.
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -40,16 +41,17 @@ from ...core import rules
 from ...core.reference_backward import delta
 from .. import flash_numba_cuda as ch09
 from .. import launch as host
-from .device import SIMULATOR, on_gpu
-from .mma_layout import HALF_A, kind_of, padded, words
-from .tiling import STATIC_SHARED
+from ..cuda_steps.device import SIMULATOR, on_gpu
+from ..cuda_steps.tiling import STATIC_SHARED
+from .layout import HALF_A, kind_of, padded, words
 
 if numba is not None:
-    from . import mma
-    from . import mma_sim
-    from .device import alibi_distance, softcap, visible
-    ops = mma_sim if SIMULATOR else mma          # the instructions: emulated in the simulator
+    from ..cuda_steps.device import alibi_distance, softcap, visible
+    from . import mma, sim
+    from .fragments import unroll
+    ops = sim if SIMULATOR else mma          # the instructions: emulated in the simulator
     softcap_slope = cuda.jit(device=True)(rules.softcap_slope)
+    NEG_INF, POS_INF = float32(-math.inf), float32(math.inf)
 
 
 @dataclass(frozen=True)
@@ -82,60 +84,50 @@ def default_tiling(kind, D, Dv):
 
 
 def available() -> bool:
-    """On a GPU (inline PTX), or in numba's simulator (the instructions emulated: ``mma_sim``)."""
+    """On a GPU (inline PTX), or in numba's simulator (the instructions emulated: ``sim``)."""
     return numba is not None and (SIMULATOR or on_gpu())
 
 
-def _device(**kw):
+def _device():
     """cuda.jit for a device function, inlined on the GPU (the simulator takes no ``forceinline``)."""
-    return cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True, **kw)
+    return cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
 
 
-def _unroll(body, start, n):
-    """body(i, *args) for i = start .. start + n - 1 written out, i a constant in each (fragments indexed by
-    constants stay in registers; ``tensor_core.unroll``'s way, halves so that typing recurses log2 n deep)."""
-    if n == 1:
-        @_device()
-        def one(*args):
-            body(start, *args)
-        return one
-    first, second = _unroll(body, start, n // 2), _unroll(body, start + n // 2, n - n // 2)
+@dataclass(frozen=True)
+class BackwardShape:
+    """What the two kernels are compiled with, fixed by (kind, tiling, D, Dv): numba takes the counts as
+    compile-time constants, each factory reading the ones it uses into locals."""
 
-    @_device()
-    def both(*args):
-        first(*args)
-        second(*args)
-    return both
+    kind: str
+    tiling: BackwardTiling
+    dims: int           # head dim computed (D padded: zeros added)
+    out_dims: int       # value dim computed (Dv padded)
+    key_words: int      # words a row of q / k
+    v_words: int        # words a row of v / dO
+    k_chunks: int       # 8-word k chunks of the products over D
+    v_chunks: int       # and over Dv
+    inner_tiles: int    # 8-column tiles of S (or S^T) over the inner tile
+    inner_chunks: int   # 16-row k chunks of the products over the inner tile
+    d_tiles: int        # 8-dim column tiles of dQ / dK
+    o_tiles: int        # 8-dim column tiles of dV
 
 
-_KERNELS = {}
+def backward_shape(kind, tiling, D, Dv):
+    """The ``BackwardShape`` of a ``kind`` backward with ``tiling`` at head dims D, Dv."""
+    dims, out_dims = padded(D, kind), padded(Dv, kind)
+    key_words, v_words = dims // 2, out_dims // 2
+    return BackwardShape(kind, tiling, dims, out_dims, key_words, v_words, key_words // 8, v_words // 8,
+                         tiling.Bi // 8, tiling.Bi // 16, dims // 8, out_dims // 8)
 
 
-def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
-    """(dkdv_kernel, dq_kernel) for ``kind`` ("f16" or "bf16"), built once per shape."""
-    key = (kind, tiling, D, Dv)
-    if key in _KERNELS:
-        return _KERNELS[key]
-    if kind not in ("f16", "bf16"):
-        raise ValueError(f"the tensor-core backward takes halves (kind f16 or bf16), got {kind!r}")
-    if tiling.Bi % 16 or shared_bytes(kind, tiling, D, Dv) > STATIC_SHARED:
-        raise ValueError(f"{tiling} at D={D}, Dv={Dv}: Bi must be a multiple of 16 and the tiles must fit "
-                         f"{STATIC_SHARED} bytes of shared memory (they take {shared_bytes(kind, tiling, D, Dv)})")
-    mma_op = ops.mma_bf16 if kind == "bf16" else ops.mma_f16
-    pack = ops.pack_bf16 if kind == "bf16" else ops.pack_f16
-    low_halves, high_halves = ops.low_halves, ops.high_halves
-    a_word, b_word, c_elem = (cuda.jit(device=True)(f) for f in (mma.a_word, mma.b_word, mma.c_elem))
-    W, BI = tiling.warps, tiling.Bi
-    BR, NTH = tiling.rows, 32 * tiling.warps
-    DP, EP = padded(D, kind), padded(Dv, kind)      # head dims computed (zeros added)
-    DW, VW = DP // 2, EP // 2                       # words a row of q / k, of v / dO
-    KC, VC = DW // 8, VW // 8                       # 8-word k chunks of the products over D, over Dv
-    NI = BI // 8                                    # 8-column tiles of S (or S^T) over the inner tile
-    PC = BI // 16                                   # 16-row k chunks of the products over the inner tile
-    ND, NE = DP // 8, EP // 8                       # 8-dim column tiles of dQ / dK, of dV
-    DWP, VWP, BIT = DW + 4, VW + 4, BI // 2 + 4      # shared rows padded by 4 words (numba wants constants)
-    NEG_INF, POS_INF = float32(-math.inf), float32(math.inf)
-    EMPTY, PARTIAL = rules.EMPTY, rules.PARTIAL
+def make_products(shape):
+    """The four tile products as unrolled device functions (a namespace): ``s_product`` (S = Q K^T, S^T =
+    K Q^T), ``dp_product`` (dP = dO V^T, dP^T = V dO^T), ``d_product`` (dQ += dS K, dK += dS^T Q) and
+    ``v_product`` (dV += P^T dO)."""
+    mma_op = ops.mma_bf16 if shape.kind == "bf16" else ops.mma_f16
+    pack = ops.pack_bf16 if shape.kind == "bf16" else ops.pack_f16
+    b_word = mma.b_word_gpu
+    inner_chunks = shape.inner_chunks
 
     def rows_times(n_chunks, n_tiles):
         """acc's fragment j += A's chunk kc (registers) times B from the rows of ``tile`` (x = kc n_tiles + j):
@@ -149,7 +141,7 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
                 af[kc, 0], af[kc, 1], af[kc, 2], af[kc, 3],
                 tile[j * 8 + n0, kc * 8 + w0], tile[j * 8 + n1, kc * 8 + w1],
                 acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3])
-        return _unroll(step, 0, n_chunks * n_tiles)
+        return unroll(n_chunks * n_tiles, step, _device())
 
     def acc_times(n_tiles):
         """acc's fragment e += the accumulators ``c``'s 16-column chunk pc as A (two 8-column fragments, each
@@ -167,12 +159,18 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
                 pack(c[2 * pc + HALF_A[3][0], HALF_A[3][1]], c[2 * pc + HALF_A[3][0], HALF_A[3][2]]),
                 tile[e * 8 + n0, pc * 8 + w0], tile[e * 8 + n1, pc * 8 + w1],
                 acc[e, 0], acc[e, 1], acc[e, 2], acc[e, 3])
-        return _unroll(step, 0, PC * n_tiles)
+        return unroll(inner_chunks * n_tiles, step, _device())
 
-    s_product = rows_times(KC, NI)          # S = Q K^T (dq) / S^T = K Q^T (dkdv)
-    dp_product = rows_times(VC, NI)         # dP = dO V^T / dP^T = V dO^T
-    d_product = acc_times(ND)               # dQ += dS K / dK += dS^T Q
-    v_product = acc_times(NE)               # dV += P^T dO
+    return SimpleNamespace(s_product=rows_times(shape.k_chunks, shape.inner_tiles),
+                           dp_product=rows_times(shape.v_chunks, shape.inner_tiles),
+                           d_product=acc_times(shape.d_tiles), v_product=acc_times(shape.o_tiles))
+
+
+def make_loads(shape):
+    """(fragment, load): a warp's A fragments of 16 rows, and a block's inner tile of rows into shared memory."""
+    inner, threads = shape.tiling.Bi, 32 * shape.tiling.warps
+    low_halves, high_halves = ops.low_halves, ops.high_halves
+    a_word = mma.a_word_gpu
 
     @cuda.jit(device=True)
     def fragment(src, b, h, r0, N, af, n_chunks, lane):
@@ -190,7 +188,7 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
         """Bi rows of src[b, h] from r0 (``rw`` words a row, zeros past N) into ``rows`` and, if ``both``,
         transposed into ``trans``: word (dim, p) holds rows 2p and 2p + 1 of that dim (B of a product over
         the rows)."""
-        for x in range(t, (BI // 2) * rw, NTH):
+        for x in range(t, (inner // 2) * rw, threads):
             p = x // rw
             w = x % rw
             lo = uint32(0)
@@ -204,7 +202,10 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
             if both:
                 trans[2 * w, p] = low_halves(lo, hi)
                 trans[2 * w + 1, p] = high_halves(lo, hi)
+    return fragment, load
 
+
+if numba is not None:
     @cuda.jit(device=True)
     def row_stats(lse, dsum, b, h, i, Nq):
         """(lse, D) of query row i; lse = +inf for a row past Nq or one that saw no key: P = 0 there."""
@@ -230,6 +231,21 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
             ds *= float32(softcap_slope(t_, cap))
         return p, ds
 
+
+def make_dkdv_kernel(shape):
+    """dK and dV: a block of ``warps`` warps owns 16 ``warps`` keys, their K and V fragments in registers;
+    for each query tile of every query head of the group, S^T and dP^T, then dV += P^T dO, dK += dS^T Q."""
+    inner, rows, threads = shape.tiling.Bi, shape.tiling.rows, 32 * shape.tiling.warps
+    dims, out_dims, key_words, v_words = shape.dims, shape.out_dims, shape.key_words, shape.v_words
+    k_chunks, v_chunks, inner_tiles = shape.k_chunks, shape.v_chunks, shape.inner_tiles
+    d_tiles, o_tiles = shape.d_tiles, shape.o_tiles
+    k_stride, v_stride, t_stride = key_words + 4, v_words + 4, inner // 2 + 4   # shared rows padded by 4 words
+    c_elem = mma.c_elem_gpu
+    products = make_products(shape)
+    s_product, dp_product, d_product, v_product = (products.s_product, products.dp_product, products.d_product,
+                                                   products.v_product)
+    fragment, load = make_loads(shape)
+
     @cuda.jit(fastmath=True)
     def dkdv_kernel(q, k, v, dout, lse, dsum, tiles, group, scale, cap, alibi, slopes, offset, left, right,
                     dk, dv):
@@ -240,25 +256,25 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
         kh = cuda.blockIdx.y % Hk
         t = cuda.threadIdx.x
         lane = t % 32
-        key0 = tc * BR + 16 * (t // 32)            # this warp's first key
-        qs = cuda.shared.array((BI, DWP), uint32)
-        qt = cuda.shared.array((DP, BIT), uint32)
-        os_ = cuda.shared.array((BI, VWP), uint32)
-        ot = cuda.shared.array((EP, BIT), uint32)
-        ls = cuda.shared.array(BI, float32)
-        dls = cuda.shared.array(BI, float32)
-        kf = cuda.local.array((KC, 4), uint32)
-        vf = cuda.local.array((VC, 4), uint32)
-        fragment(k, b, kh, key0, Nk, kf, KC, lane)
-        fragment(v, b, kh, key0, Nk, vf, VC, lane)
-        dka = cuda.local.array((ND, 4), float32)
-        dva = cuda.local.array((NE, 4), float32)
-        st = cuda.local.array((NI, 4), float32)
-        dpt = cuda.local.array((NI, 4), float32)
-        for e in range(ND):
+        key0 = tc * rows + 16 * (t // 32)            # this warp's first key
+        qs = cuda.shared.array((inner, k_stride), uint32)
+        qt = cuda.shared.array((dims, t_stride), uint32)
+        os_ = cuda.shared.array((inner, v_stride), uint32)
+        ot = cuda.shared.array((out_dims, t_stride), uint32)
+        ls = cuda.shared.array(inner, float32)
+        dls = cuda.shared.array(inner, float32)
+        kf = cuda.local.array((k_chunks, 4), uint32)
+        vf = cuda.local.array((v_chunks, 4), uint32)
+        fragment(k, b, kh, key0, Nk, kf, k_chunks, lane)
+        fragment(v, b, kh, key0, Nk, vf, v_chunks, lane)
+        dka = cuda.local.array((d_tiles, 4), float32)
+        dva = cuda.local.array((o_tiles, 4), float32)
+        st = cuda.local.array((inner_tiles, 4), float32)
+        dpt = cuda.local.array((inner_tiles, 4), float32)
+        for e in range(d_tiles):
             for r in range(4):
                 dka[e, r] = float32(0.0)
-        for e in range(NE):
+        for e in range(o_tiles):
             for r in range(4):
                 dva[e, r] = float32(0.0)
         for g in range(group):
@@ -266,23 +282,23 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
             slope = float32(slopes[b, h])
             for tr in range(tiles.shape[0]):
                 code = tiles[tr, tc]
-                if code == EMPTY:
+                if code == rules.EMPTY:
                     continue
-                q0 = tr * BI
+                q0 = tr * inner
                 cuda.syncthreads()                 # nobody reads the last query tile any more
-                load(q, b, h, q0, Nq, qs, qt, DW, True, t)
-                load(dout, b, h, q0, Nq, os_, ot, VW, True, t)
-                for x in range(t, BI, NTH):
+                load(q, b, h, q0, Nq, qs, qt, key_words, True, t)
+                load(dout, b, h, q0, Nq, os_, ot, v_words, True, t)
+                for x in range(t, inner, threads):
                     ls[x], dls[x] = row_stats(lse, dsum, b, h, q0 + x, Nq)
                 cuda.syncthreads()
-                for j in range(NI):
+                for j in range(inner_tiles):
                     for r in range(4):
                         st[j, r] = float32(0.0)
                         dpt[j, r] = float32(0.0)
                 s_product(kf, qs, st, lane)        # S^T = K Q^T
                 dp_product(vf, os_, dpt, lane)     # dP^T = V dO^T
-                edge = code == PARTIAL or q0 + BI > Nq or tc * BR + BR > Nk
-                for j in range(NI):
+                edge = code == rules.PARTIAL or q0 + inner > Nq or tc * rows + rows > Nk
+                for j in range(inner_tiles):
                     for r in range(4):
                         row, col = c_elem(lane, r)
                         x = j * 8 + col
@@ -294,12 +310,26 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
             row, col = c_elem(lane, r)
             j = key0 + row
             if j < Nk:
-                for e in range(ND):
+                for e in range(d_tiles):
                     if e * 8 + col < dk.shape[3]:
                         dk[b, kh, j, e * 8 + col] = dka[e, r] * scale
-                for e in range(NE):
+                for e in range(o_tiles):
                     if e * 8 + col < dv.shape[3]:
                         dv[b, kh, j, e * 8 + col] = dva[e, r]
+    return dkdv_kernel
+
+
+def make_dq_kernel(shape):
+    """dQ: a block owns 16 ``warps`` query rows, Q and dO as A fragments; for each key tile, S = Q K^T,
+    dP = dO V^T, dS = P (dP - D), dQ += dS K (K transposed in shared memory)."""
+    inner, rows = shape.tiling.Bi, shape.tiling.rows
+    dims, key_words, v_words = shape.dims, shape.key_words, shape.v_words
+    k_chunks, v_chunks, inner_tiles, d_tiles = shape.k_chunks, shape.v_chunks, shape.inner_tiles, shape.d_tiles
+    k_stride, v_stride, t_stride = key_words + 4, v_words + 4, inner // 2 + 4   # shared rows padded by 4 words
+    c_elem = mma.c_elem_gpu
+    products = make_products(shape)
+    s_product, dp_product, d_product = products.s_product, products.dp_product, products.d_product
+    fragment, load = make_loads(shape)
 
     @cuda.jit(fastmath=True)
     def dq_kernel(q, k, v, dout, lse, dsum, tiles, kv_head, scale, cap, alibi, slopes, offset, left, right, dq):
@@ -311,40 +341,40 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
         kh = kv_head[h]
         t = cuda.threadIdx.x
         lane = t % 32
-        row0 = tr * BR + 16 * (t // 32)            # this warp's first query row
-        ks = cuda.shared.array((BI, DWP), uint32)
-        kt = cuda.shared.array((DP, BIT), uint32)
-        vs = cuda.shared.array((BI, VWP), uint32)
-        qf = cuda.local.array((KC, 4), uint32)
-        of = cuda.local.array((VC, 4), uint32)
-        fragment(q, b, h, row0, Nq, qf, KC, lane)
-        fragment(dout, b, h, row0, Nq, of, VC, lane)
+        row0 = tr * rows + 16 * (t // 32)            # this warp's first query row
+        ks = cuda.shared.array((inner, k_stride), uint32)
+        kt = cuda.shared.array((dims, t_stride), uint32)
+        vs = cuda.shared.array((inner, v_stride), uint32)
+        qf = cuda.local.array((k_chunks, 4), uint32)
+        of = cuda.local.array((v_chunks, 4), uint32)
+        fragment(q, b, h, row0, Nq, qf, k_chunks, lane)
+        fragment(dout, b, h, row0, Nq, of, v_chunks, lane)
         l0, d0 = row_stats(lse, dsum, b, h, row0 + lane // 4, Nq)        # the lane's rows g and g + 8
         l1, d1 = row_stats(lse, dsum, b, h, row0 + lane // 4 + 8, Nq)
         slope = float32(slopes[b, h])
-        dqa = cuda.local.array((ND, 4), float32)
-        s = cuda.local.array((NI, 4), float32)
-        dp = cuda.local.array((NI, 4), float32)
-        for e in range(ND):
+        dqa = cuda.local.array((d_tiles, 4), float32)
+        s = cuda.local.array((inner_tiles, 4), float32)
+        dp = cuda.local.array((inner_tiles, 4), float32)
+        for e in range(d_tiles):
             for r in range(4):
                 dqa[e, r] = float32(0.0)
         for tc in range(tiles.shape[1]):
             code = tiles[tr, tc]
-            if code == EMPTY:
+            if code == rules.EMPTY:
                 continue
-            c0 = tc * BI
+            c0 = tc * inner
             cuda.syncthreads()
-            load(k, b, kh, c0, Nk, ks, kt, DW, True, t)
-            load(v, b, kh, c0, Nk, vs, kt, VW, False, t)
+            load(k, b, kh, c0, Nk, ks, kt, key_words, True, t)
+            load(v, b, kh, c0, Nk, vs, kt, v_words, False, t)
             cuda.syncthreads()
-            for j in range(NI):
+            for j in range(inner_tiles):
                 for r in range(4):
                     s[j, r] = float32(0.0)
                     dp[j, r] = float32(0.0)
             s_product(qf, ks, s, lane)             # S = Q K^T
             dp_product(of, vs, dp, lane)           # dP = dO V^T
-            edge = code == PARTIAL or c0 + BI > Nk or tr * BR + BR > Nq
-            for j in range(NI):
+            edge = code == rules.PARTIAL or c0 + inner > Nk or tr * rows + rows > Nq
+            for j in range(inner_tiles):
                 for r in range(4):
                     row, col = c_elem(lane, r)
                     lv, dl = (l0, d0) if r < 2 else (l1, d1)
@@ -355,11 +385,27 @@ def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
             row, col = c_elem(lane, r)
             i = row0 + row
             if i < Nq:
-                for e in range(ND):
+                for e in range(d_tiles):
                     if e * 8 + col < dq.shape[3]:
                         dq[b, h, i, e * 8 + col] = dqa[e, r] * scale
+    return dq_kernel
 
-    _KERNELS[key] = (dkdv_kernel, dq_kernel)
+
+_KERNELS = {}
+
+
+def make_kernels(kind: str, tiling: BackwardTiling, D: int, Dv: int):
+    """(dkdv_kernel, dq_kernel) for ``kind`` ("f16" or "bf16"), built once per shape."""
+    key = (kind, tiling, D, Dv)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    if kind not in ("f16", "bf16"):
+        raise ValueError(f"the tensor-core backward takes halves (kind f16 or bf16), got {kind!r}")
+    if tiling.Bi % 16 or shared_bytes(kind, tiling, D, Dv) > STATIC_SHARED:
+        raise ValueError(f"{tiling} at D={D}, Dv={Dv}: Bi must be a multiple of 16 and the tiles must fit "
+                         f"{STATIC_SHARED} bytes of shared memory (they take {shared_bytes(kind, tiling, D, Dv)})")
+    shape = backward_shape(kind, tiling, D, Dv)
+    _KERNELS[key] = (make_dkdv_kernel(shape), make_dq_kernel(shape))
     return _KERNELS[key]
 
 

@@ -1,11 +1,11 @@
 """The tensor-core kernels' layout, decided on the host: what the kernel's fragments and tiles look like.
 
-Plain Python (no numba): the tilings (``MmaTiling``, the tuned tables, the shared memory they take), where
-P's accumulators go in P V's A fragment (``HALF_A``, ``TF32_A``, ``tf32_key``), where each word of a
-swizzled shared tile sits and which rows each lane hands ``ldmatrix`` (``swizzle``, ``k_rows``,
-``v_rows``), and the inputs as the kernel reads them (``words``, ``kind_of``).  ``tensor_core`` compiles
-these functions into the kernel; ``tests/test_tensor_core.py`` checks them on the CPU against the PTX
-ISA's fragment tables (``mma``).
+Plain Python (no numba): the tilings (``MmaTiling``, the tuned tables, the shared memory they take), the
+compile-time counts a kernel is built with (``KernelShape``), where P's accumulators go in P V's A fragment
+(``HALF_A``, ``TF32_A``, ``tf32_key``), where each word of a swizzled shared tile sits and which rows each
+lane hands ``ldmatrix`` (``swizzle``, ``k_rows``, ``v_rows``), and the inputs as the kernel reads them
+(``words``, ``kind_of``).  The kernels (``fragments``, ``versions``) compile these functions;
+``tests/test_tensor_core.py`` checks them on the CPU against the PTX ISA's fragment tables (``mma``).
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...core import rules
-from .tiling import STATIC_SHARED
+from ..cuda_steps.tiling import STATIC_SHARED
 
 KINDS = ("f16", "bf16", "tf32x1", "tf32x3")
 INPUT_DTYPE = {"f16": np.dtype(np.float16), "bf16": np.dtype(rules.ml_dtypes.bfloat16),
                "tf32x1": np.dtype(np.float32), "tf32x3": np.dtype(np.float32)}
-STEPS = ("mma_f16", "mma_tf32", "mma_3xtf32")
+TENSOR_CORE_STEPS = ("mma_f16", "mma_tf32", "mma_3xtf32")
 
 
 # How P leaves S's accumulators for P V's A fragment (tests/test_tensor_core.py checks both against
@@ -44,7 +44,8 @@ class MmaTiling:
     warps: int = 4
     Bc: int = 64
     staged: bool = True      # a thread's K / V words all loaded before any is stored (False: one at a time)
-    prefetch: bool = True    # and the next tile's loaded during this one (registers: Bc * (D + Dv) / threads words)
+    prefetch: bool = True    # and the next tile's loaded during this one (registers: Bc * (D + Dv) / threads words);
+                             # step b's padded tiles only: the ldmatrix and cp.async versions do not prefetch
     ldmatrix: bool = False   # B fragments by ldmatrix from swizzled, unpadded tiles (V by keys, not transposed)
     stages: int = 1          # 2: cp.async copies the next tile into a second buffer during this one
 
@@ -55,6 +56,76 @@ class MmaTiling:
     @property
     def threads(self):
         return 32 * self.warps
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What a forward kernel is compiled with: the counts of words, chunks and fragment tiles that its
+    loops run over, fixed by (kind, tiling, D, Dv).  Numba takes them as compile-time constants: each
+    kernel factory reads the ones it uses into locals, which its device functions close over."""
+
+    kind: str
+    tiling: MmaTiling
+    tf32: bool               # tf32 operands (a word a float) rather than halves (two a word)
+    key_words: int           # words a row of q and k
+    out_dims: int            # output dims computed (Dv padded)
+    v_words: int             # words a row of v
+    k_chunks: int            # 8-word k chunks of S = Q K^T
+    s_tiles: int             # 8-key column tiles of S
+    o_tiles: int             # 8-dim column tiles of O
+    pv_chunks: int           # k chunks of O += P V (8 keys for tf32, 16 for halves)
+    k_words_each: int        # K words a thread fetches a tile (register-staged loads)
+    v_words_each: int        # V words (pairs of words, halves in padded tiles) a thread fetches a tile
+    k_row_chunks: int        # 16-byte chunks a row of K
+    v_row_chunks: int        # and of V
+    k_chunks_each: int       # K chunks a thread copies a tile (cp.async)
+    v_chunks_each: int       # V chunks
+
+    @property
+    def k_tile_words(self):
+        """Words of one swizzled K tile (ldmatrix's tiles, one a stage)."""
+        return self.tiling.Bc * self.key_words
+
+    @property
+    def v_tile_words(self):
+        return self.tiling.Bc * self.v_words
+
+    @property
+    def v_by_keys(self):
+        """V stored by keys (rows of ``v_words``), as it comes: tf32's, and every swizzled tile's."""
+        return self.tf32 or self.tiling.ldmatrix
+
+    @property
+    def padded_v_tile(self):
+        """(rows, columns) of the padded V tile: by keys for tf32, transposed (a word two keys) for halves."""
+        Bc = self.tiling.Bc
+        return (Bc, self.out_dims + 4) if self.tf32 else (self.out_dims, Bc // 2 + 4)
+
+    @property
+    def k_folded(self):
+        """Rows of whole 128-byte lines (8 chunks): the folded swizzled addresses (``k_address``)."""
+        return self.k_row_chunks % 8 == 0
+
+    @property
+    def v_folded(self):
+        return self.v_row_chunks % 8 == 0
+
+
+def kernel_shape(kind, tiling, D, Dv):
+    """The ``KernelShape`` of a ``kind`` kernel with ``tiling`` at head dims D, Dv."""
+    tf32 = kind.startswith("tf32")
+    per_word = 1 if tf32 else 2
+    Bc, threads = tiling.Bc, tiling.threads
+    key_words, out_dims = padded(D, kind) // per_word, padded(Dv, kind)
+    v_words = out_dims // per_word
+    by_keys = tf32 or tiling.ldmatrix          # V stored by keys (rows of v_words words), not transposed
+    return KernelShape(kind, tiling, tf32, key_words, out_dims, v_words, k_chunks=key_words // 8,
+                       s_tiles=Bc // 8, o_tiles=out_dims // 8, pv_chunks=Bc // 8 if tf32 else Bc // 16,
+                       k_words_each=-(-Bc * key_words // threads),
+                       v_words_each=-(-Bc * v_words // threads) if by_keys else -(-(Bc // 2) * v_words // threads),
+                       k_row_chunks=key_words // 4, v_row_chunks=v_words // 4,
+                       k_chunks_each=-(-Bc * (key_words // 4) // threads),
+                       v_chunks_each=-(-Bc * (v_words // 4) // threads))
 
 
 def padded(n, kind):
@@ -207,8 +278,8 @@ def words(x, kind):
 def kind_of(step, dtype):
     """The kernel a step runs for inputs of ``dtype``."""
     dtype = np.dtype(dtype)
-    if step not in STEPS:
-        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    if step not in TENSOR_CORE_STEPS:
+        raise ValueError(f"step must be one of {TENSOR_CORE_STEPS}, got {step!r}")
     if step != "mma_f16":
         if dtype != np.float32:
             raise TypeError(f"{step} computes float32 inputs on the tf32 tensor cores; q, k and v are {dtype}")

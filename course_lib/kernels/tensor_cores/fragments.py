@@ -1,0 +1,369 @@
+"""What every tensor-core forward version shares on the device: the products on fragments, the rules and the
+online softmax on S's accumulators, Q's fragments and the write-back.
+
+Each piece is built for one ``KernelShape`` (its counts are compile-time constants: a fragment indexed by a
+constant stays in registers) and inlined where a version calls it, so the versions in ``versions`` differ
+only in how their K / V tiles reach shared memory and how the B fragments leave it:
+
+- ``make_product(kind)``: C + A B on the tensor cores for one 16 x 8 fragment (one mma, one on tf32-rounded
+  operands, or 3xTF32's three);
+- ``make_padded_products`` / ``make_swizzled_products``: S = Q K^T and O += P V over a whole tile, B read
+  word by word from padded tiles, or by ``ldmatrix`` from swizzled ones;
+- ``make_tile_math``: Q's fragments, the rules and the online softmax on S, the last division and the
+  write-back of (out, lse).
+
+``unroll`` writes a loop out so that its counter is a constant in every call (the backward uses it too).
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from numba import cuda, float32, uint32
+
+from ...core import rules
+from ..cuda_steps.device import alibi_distance, finalize, rescale_exp2, shift_of, softcap, visible
+from . import mma
+from .layout import HALF_A, TF32_A, k_address, k_rows, swizzle, tf32_key, v_address, v_rows, v_word_address
+
+NEG_INF = float32(-math.inf)
+ALL_LANES = 0xFFFFFFFF
+a_word, b_word, c_elem = mma.a_word_gpu, mma.b_word_gpu, mma.c_elem_gpu
+key_of = cuda.jit(device=True)(tf32_key)
+swz, k_row, v_row, k_addr, v_addr, vw_addr = (cuda.jit(device=True)(f) for f in (
+    swizzle, k_rows, v_rows, k_address, v_address, v_word_address))
+
+
+def unroll(n, body, device=None):
+    """A device function ``run(*args)`` that calls ``body(i, *args)`` for i = 0, 1, ..., n - 1, written out:
+    i is a constant in every call.  Numba cannot be told to unroll a loop, and LLVM unrolls only short
+    bodies; a fragment indexed by a loop counter that is not unrolled lives in local memory, not in
+    registers (ptxas -v's "stack frame").  The 3xTF32 products (three mma and six splits a step) are too
+    long for LLVM, so they are written out this way.  ``device``: the decorator of each piece (inlined on
+    the GPU by default; the simulator takes no ``forceinline``)."""
+    return _unroll(body, 0, n, device or cuda.jit(device=True, forceinline=True))
+
+
+def _unroll(body, start, n, device):
+    """body(i, *args) for i in [start, start + n): halves, so that typing recurses log2(n) deep, not n."""
+    if n == 1:
+        @device
+        def one(*args):
+            body(start, *args)
+        return one
+    first, second = _unroll(body, start, n // 2, device), _unroll(body, start + n // 2, n - n // 2, device)
+
+    @device
+    def both(*args):
+        first(*args)
+        second(*args)
+    return both
+
+
+@cuda.jit(device=True, inline=True)
+def split(w):
+    """A float32 (its word) -> (hi, lo): hi its tf32, lo the tf32 of what hi leaves out (exactly x - hi)."""
+    hi = mma.round_tf32(w)
+    return hi, mma.round_tf32(mma.word_of(mma.float_of(w) - mma.float_of(hi)))
+
+
+def make_product(kind):
+    """C + A B on the tensor cores for ``kind``: one mma on halves, one on operands rounded to tf32, or
+    3xTF32's three (small terms first)."""
+    to_tf32, float_of = mma.to_tf32, mma.float_of
+    if kind in ("f16", "bf16"):
+        return mma.mma_bf16 if kind == "bf16" else mma.mma_f16
+    mma_tf32 = mma.mma_tf32
+
+    @cuda.jit(device=True, inline=True)
+    def tf32_product(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        return mma_tf32(to_tf32(float_of(a0)), to_tf32(float_of(a1)), to_tf32(float_of(a2)),
+                        to_tf32(float_of(a3)), to_tf32(float_of(b0)), to_tf32(float_of(b1)), c0, c1, c2, c3)
+
+    @cuda.jit(device=True, inline=True)
+    def three_tf32_product(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        h0, l0 = split(a0)
+        h1, l1 = split(a1)
+        h2, l2 = split(a2)
+        h3, l3 = split(a3)
+        hb0, lb0 = split(b0)
+        hb1, lb1 = split(b1)
+        c0, c1, c2, c3 = mma_tf32(l0, l1, l2, l3, hb0, hb1, c0, c1, c2, c3)
+        c0, c1, c2, c3 = mma_tf32(h0, h1, h2, h3, lb0, lb1, c0, c1, c2, c3)
+        return mma_tf32(h0, h1, h2, h3, hb0, hb1, c0, c1, c2, c3)
+    return three_tf32_product if kind == "tf32x3" else tf32_product
+
+
+def make_p_as_a(kind):
+    """P's chunk pc as A's four words, straight from S's accumulators: for tf32 the floats TF32_A of one
+    8-key tile (A's word w is key tf32_key(w)); for halves, two 8-key tiles' pairs of floats, rounded and
+    packed (HALF_A)."""
+    pack = mma.pack_bf16 if kind == "bf16" else mma.pack_f16
+
+    @cuda.jit(device=True, forceinline=True)
+    def p_as_a_tf32(s, pc):
+        return (mma.word_of(s[pc, TF32_A[0]]), mma.word_of(s[pc, TF32_A[1]]),
+                mma.word_of(s[pc, TF32_A[2]]), mma.word_of(s[pc, TF32_A[3]]))
+
+    @cuda.jit(device=True, forceinline=True)
+    def p_as_a_halves(s, pc):
+        return (pack(s[2 * pc + HALF_A[0][0], HALF_A[0][1]], s[2 * pc + HALF_A[0][0], HALF_A[0][2]]),
+                pack(s[2 * pc + HALF_A[1][0], HALF_A[1][1]], s[2 * pc + HALF_A[1][0], HALF_A[1][2]]),
+                pack(s[2 * pc + HALF_A[2][0], HALF_A[2][1]], s[2 * pc + HALF_A[2][0], HALF_A[2][2]]),
+                pack(s[2 * pc + HALF_A[3][0], HALF_A[3][1]], s[2 * pc + HALF_A[3][0], HALF_A[3][2]]))
+    return p_as_a_tf32 if kind.startswith("tf32") else p_as_a_halves
+
+
+def make_padded_products(shape):
+    """(s_product(qf, ks, s, lane), pv_product(s, vs, vb, o, lane)) on padded tiles (rows padded by 4 words:
+    a warp's fragment loads hit 32 different banks): K by keys; V by keys for tf32 (B's word w is key
+    tf32_key(w) of the chunk, as A's), transposed for halves (a word holds two keys of one dim)."""
+    s_tiles, o_tiles = shape.s_tiles, shape.o_tiles
+    tf32 = shape.tf32
+    product, p_as_a = make_product(shape.kind), make_p_as_a(shape.kind)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_step(x, qf, ks, s, lane):
+        """S's fragment j += Q's chunk kc times K's (x = kc s_tiles + j)."""
+        kc, j = x // s_tiles, x % s_tiles
+        n0, w0 = b_word(lane, 0)
+        n1, w1 = b_word(lane, 1)
+        s[j, 0], s[j, 1], s[j, 2], s[j, 3] = product(
+            qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3],
+            ks[j * 8 + n0, kc * 8 + w0], ks[j * 8 + n1, kc * 8 + w1],
+            s[j, 0], s[j, 1], s[j, 2], s[j, 3])
+
+    @cuda.jit(device=True, forceinline=True)
+    def v_word(vs, row, col):
+        """Word (row, col) of the padded V tile."""
+        return vs[row, col]
+
+    @cuda.jit(device=True, forceinline=True)
+    def pv_step(x, s, vs, vb, o, lane):
+        """O's fragment e += P's chunk pc times V's (x = pc o_tiles + e): P's fragments become A's."""
+        pc, e = x // o_tiles, x % o_tiles
+        n0, w0 = b_word(lane, 0)
+        n1, w1 = b_word(lane, 1)
+        a0, a1, a2, a3 = p_as_a(s, pc)
+        if tf32:
+            b0 = v_word(vs, pc * 8 + key_of(w0), e * 8 + n0)
+            b1 = v_word(vs, pc * 8 + key_of(w1), e * 8 + n1)
+        else:
+            b0 = v_word(vs, e * 8 + n0, pc * 8 + w0)
+            b1 = v_word(vs, e * 8 + n1, pc * 8 + w1)
+        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
+
+    return unroll(shape.k_chunks * s_tiles, s_step), unroll(shape.pv_chunks * o_tiles, pv_step)
+
+
+def make_swizzled_products(shape):
+    """(s_product(qf, ks, kb, s, lane), pv_product(s, vs, vb, o, lane)) on swizzled, unpadded tiles at words
+    kb and vb (ldmatrix's), V by keys: K's B fragments two tiles at once by ldmatrix (k_rows); V's by a
+    transposed ldmatrix for halves (v_rows), word by word for tf32 (ldmatrix moves halves, it cannot
+    transpose words).  Rows of whole 128-byte lines take the folded addresses."""
+    s_tiles, o_tiles, key_words, v_words = shape.s_tiles, shape.o_tiles, shape.key_words, shape.v_words
+    k_folded, v_folded = shape.k_folded, shape.v_folded
+    product, p_as_a = make_product(shape.kind), make_p_as_a(shape.kind)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_step(x, qf, ks, kb, s, lane):
+        """S's fragments j and j + 1 += Q's chunk kc times K's (x = kc s_tiles / 2 + j / 2): their four B
+        words by one ldmatrix (k_rows)."""
+        kc, j = x // (s_tiles // 2), 2 * (x % (s_tiles // 2))
+        if k_folded:
+            at = k_addr(lane, j, kc, key_words)
+        else:
+            row, w = k_row(lane, j, kc)
+            at = swz(row, w, key_words)
+        b0, b1, b2, b3 = mma.ldmatrix_x4(ks, kb + at)
+        s[j, 0], s[j, 1], s[j, 2], s[j, 3] = product(qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b0, b1,
+                                                     s[j, 0], s[j, 1], s[j, 2], s[j, 3])
+        s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3] = product(
+            qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
+
+    @cuda.jit(device=True, forceinline=True)
+    def pv_step_halves(x, s, vs, vb, o, lane):
+        """O's fragments e and e + 1 += P's chunk pc times V's (x = pc o_tiles / 2 + e / 2): the four B
+        words by one transposed ldmatrix (v_rows)."""
+        pc, e = x // (o_tiles // 2), 2 * (x % (o_tiles // 2))
+        if v_folded:
+            at = v_addr(lane, e, pc, v_words)
+        else:
+            row, w = v_row(lane, e, pc)
+            at = swz(row, w, v_words)
+        b0, b1, b2, b3 = mma.ldmatrix_x4_trans(vs, vb + at)
+        a0, a1, a2, a3 = p_as_a(s, pc)
+        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
+        o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3] = product(
+            a0, a1, a2, a3, b2, b3, o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3])
+
+    @cuda.jit(device=True, forceinline=True)
+    def v_word(vs, vb, row, col):
+        """Word (row, col) of the swizzled V tile at word vb."""
+        return vs[vb + swz(row, col, v_words)]
+
+    @cuda.jit(device=True, forceinline=True)
+    def pv_step_tf32(x, s, vs, vb, o, lane):
+        """O's fragment e += P's chunk pc times V's (x = pc o_tiles + e), B's word w key tf32_key(w)."""
+        pc, e = x // o_tiles, x % o_tiles
+        n0, w0 = b_word(lane, 0)
+        n1, w1 = b_word(lane, 1)
+        a0, a1, a2, a3 = p_as_a(s, pc)
+        if v_folded:   # the same words, their swizzled addresses folded
+            b0 = vs[vb + vw_addr(lane, 0, e, pc, v_words)]
+            b1 = vs[vb + vw_addr(lane, 1, e, pc, v_words)]
+        else:
+            b0 = v_word(vs, vb, pc * 8 + key_of(w0), e * 8 + n0)
+            b1 = v_word(vs, vb, pc * 8 + key_of(w1), e * 8 + n1)
+        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
+
+    s_product = unroll(shape.k_chunks * s_tiles // 2, s_step)
+    if shape.tf32:
+        return s_product, unroll(shape.pv_chunks * o_tiles, pv_step_tf32)
+    return s_product, unroll(shape.pv_chunks * o_tiles // 2, pv_step_halves)
+
+
+@cuda.jit(device=True, fastmath=True)
+def rule1(x, lane, r, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right):
+    row, col = c_elem(lane, r)
+    sc = x * scale
+    if cap > 0:
+        sc = float32(softcap(sc, cap))
+    if alibi:
+        sc -= slope * float32(alibi_distance(row0 + row, col0 + col, offset))
+    if edge:
+        if col0 + col >= Nk or not visible(row0 + row, col0 + col, offset, left, right):
+            sc = NEG_INF
+    return sc
+
+
+@cuda.jit(device=True, fastmath=True)
+def rule(x0, x1, x2, x3, lane, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right):
+    """The rules for one 16 x 8 fragment of scores, in log2 units: scale, softcap, ALiBi, the mask."""
+    return (rule1(x0, lane, 0, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right),
+            rule1(x1, lane, 1, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right),
+            rule1(x2, lane, 2, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right),
+            rule1(x3, lane, 3, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, left, right))
+
+
+def make_tile_math(shape):
+    """The steps of a forward kernel around its loads and products, for ``shape``: ``block_of``,
+    ``q_fragments``, ``start``, ``visits``, ``zero_s``, ``softmax`` and ``write_back`` (a namespace of
+    device functions)."""
+    k_chunks, s_tiles, o_tiles = shape.k_chunks, shape.s_tiles, shape.o_tiles
+    LN2 = float32(rules.LN2)
+    max_nan = mma.max_nan
+
+    Br = shape.tiling.Br
+
+    @cuda.jit(device=True, inline=True)
+    def block_of(q, kv_head, slopes):
+        """(b, h, kh, tr, split_, t, lane, row0, slope) of this thread: grid (B*H, Tr, S), the last query
+        tile first; row0 is this warp's first query row."""
+        H = q.shape[1]
+        b = cuda.blockIdx.x // H
+        h = cuda.blockIdx.x % H
+        tr = cuda.gridDim.y - 1 - cuda.blockIdx.y
+        kh = kv_head[h]
+        split_ = cuda.blockIdx.z
+        t = cuda.threadIdx.x
+        lane = t % 32
+        row0 = tr * Br + 16 * (t // 32)
+        slope = float32(slopes[b, h])
+        return b, h, kh, tr, split_, t, lane, row0, slope
+
+    @cuda.jit(device=True, inline=True)
+    def q_fragments(q, b, h, row0, Nq, lane, qf):
+        """This warp's Q fragments, for the whole kernel (zeros past Nq)."""
+        for kc in range(k_chunks):
+            for r in range(4):
+                row, w = a_word(lane, r)
+                val = uint32(0)
+                if row0 + row < Nq:
+                    val = q[b, h, row0 + row, kc * 8 + w]
+                qf[kc, r] = val
+
+    @cuda.jit(device=True, inline=True)
+    def start(o, m, l):
+        """O = 0, and the thread's two rows (g and g + 8) seen no key: m = -inf, l = 0."""
+        for e in range(o_tiles):
+            for r in range(4):
+                o[e, r] = float32(0.0)
+        for r in range(2):
+            m[r] = NEG_INF
+            l[r] = float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def visits(nvisit, tr, split_):
+        """(first, last): the part of query tile tr's visit list that this split-KV piece takes."""
+        n_all = nvisit[tr]
+        per = (n_all + cuda.gridDim.z - 1) // cuda.gridDim.z
+        first = split_ * per
+        last = min(n_all, first + per)
+        return first, last
+
+    @cuda.jit(device=True, inline=True)
+    def zero_s(s):
+        for j in range(s_tiles):
+            for r in range(4):
+                s[j, r] = float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def softmax(s, o, m, l, edge, lane, row0, c0, Nk, scale, cap, alibi, slope, offset, left, right):
+        """The rules, in log2 units, the mask only on the tiles that need one (``edge``), then the online
+        softmax on the fragments: S becomes P, O and l rescaled.  A tile with none of the rules leaves S
+        unscaled: the scale (> 0) goes into the row max and the exponent's multiply-add.  A row lives on
+        the 4 lanes of a quad: two shuffles finish its max."""
+        ruled = edge or alibi or cap > 0
+        plain = not ruled and scale > 0
+        ms = scale if plain else float32(1.0)       # what S is multiplied by on its way into exp2
+        if ruled:
+            for j in range(s_tiles):
+                s[j, 0], s[j, 1], s[j, 2], s[j, 3] = rule(s[j, 0], s[j, 1], s[j, 2], s[j, 3], lane, row0,
+                                                          c0 + j * 8, Nk, edge, scale, cap, alibi, slope,
+                                                          offset, left, right)
+        elif not plain:
+            for j in range(s_tiles):
+                for r in range(4):
+                    s[j, r] *= scale
+        for r in range(2):
+            mx = NEG_INF
+            for j in range(s_tiles):
+                mx = max_nan(mx, max_nan(s[j, 2 * r], s[j, 2 * r + 1]))
+            mx = max_nan(mx, cuda.shfl_xor_sync(ALL_LANES, mx, 1))
+            mx = max_nan(mx, cuda.shfl_xor_sync(ALL_LANES, mx, 2))
+            m_new = max_nan(m[r], mx * ms)
+            alpha = float32(rescale_exp2(m[r], m_new))
+            shift = float32(shift_of(m_new))
+            m[r] = m_new
+            l[r] *= alpha
+            for e in range(o_tiles):
+                o[e, 2 * r] *= alpha
+                o[e, 2 * r + 1] *= alpha
+            for j in range(s_tiles):
+                for c in range(2):
+                    p = rules.exp2(s[j, 2 * r + c] * ms - shift)
+                    l[r] += p
+                    s[j, 2 * r + c] = p
+
+    @cuda.jit(device=True, inline=True)
+    def write_back(o, m, l, out, lse, split_, b, h, row0, lane, Nq):
+        """Each lane summed its own columns: the quad's four shares make a row's l; then out = O / l and
+        lse of this warp's rows (the split's piece under split-KV)."""
+        for r in range(2):
+            total = l[r]
+            total += cuda.shfl_xor_sync(ALL_LANES, total, 1)
+            total += cuda.shfl_xor_sync(ALL_LANES, total, 2)
+            row_lse, inv_l = finalize(m[r] * LN2, total)
+            i = row0 + lane // 4 + 8 * r
+            if i < Nq:
+                if lane % 4 == 0:
+                    lse[split_, b, h, i] = row_lse
+                for e in range(o_tiles):
+                    for c in range(2):
+                        col = e * 8 + 2 * (lane % 4) + c
+                        if col < out.shape[4]:
+                            out[split_, b, h, i, col] = o[e, 2 * r + c] * float32(inv_l)
+
+    return SimpleNamespace(block_of=block_of, q_fragments=q_fragments, start=start, visits=visits, zero_s=zero_s, softmax=softmax,
+                           write_back=write_back)
