@@ -19,7 +19,7 @@ import numpy as np
 
 from course_lib import checks, cudacheck
 from course_lib.core.options import call_forward
-from course_lib.cudacheck import launch as cudacheck_launch
+from course_lib.cudacheck import checked_launch as cudacheck_launch
 from course_lib.kernels import cuda_steps as cs
 
 SHARED = {}   # floats the dynamic buffer of the launch being checked gets

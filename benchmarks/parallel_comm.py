@@ -32,7 +32,7 @@ import numpy as np
 
 from course_lib import bench
 from course_lib.parallel import costmodel, sharding
-from course_lib.parallel.launch import run_ranks
+from course_lib.parallel.ranks import run_ranks
 from course_lib.parallel.run import Job, Problem, run_jobs
 
 ROOT = Path(__file__).resolve().parent.parent

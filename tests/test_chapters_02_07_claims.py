@@ -47,7 +47,7 @@ def test_chapter_03_scopes_fa2s_tile_to_sm80_sm90_and_calls_the_register_model_a
     text = markdown("03")
     assert "sm80 / sm90" in text and "upper bound" in text
     # the model rejects FA2's own D = 64 default (128 x 128, 4 warps), which runs: the chapter says so
-    assert not sram.occupancy(sram.tile_budget(128, 128, 64, "float16"), "h100_sxm", num_warps=4).fits
+    assert not sram.tile_fit(sram.tile_budget(128, 128, 64, "float16"), "h100_sxm", num_warps=4).fits
     assert "rejects FA2's own $D = 64$ default" in text
 
 

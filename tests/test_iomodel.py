@@ -284,7 +284,7 @@ def test_float32_needs_no_conversion_fp8_has_one_byte_tiles():
 
 
 def test_occupancy_on_an_h100_for_flashattention2s_hdim128_tile():
-    occ = sram.occupancy(sram.tile_budget(128, 64, 128, "float16"), "h100_sxm")
+    occ = sram.tile_fit(sram.tile_budget(128, 64, 128, "float16"), "h100_sxm")
     assert occ.fits and occ.registers_per_thread <= 255
     assert occ.limits["shared memory"] == 228 // 65  # 64 KiB + 1 KiB reserved per block
     assert occ.blocks_per_unit == min(occ.limits.values()) == 2
@@ -292,7 +292,7 @@ def test_occupancy_on_an_h100_for_flashattention2s_hdim128_tile():
 
 def test_too_big_a_tile_does_not_fit_and_says_why():
     huge = sram.tile_budget(256, 256, 256, "float16")
-    occ = sram.occupancy(huge, "a100_80gb")
+    occ = sram.tile_fit(huge, "a100_80gb")
     assert not occ.fits and occ.blocks_per_unit == 0
     assert "shared memory" in occ.reason and "registers" in occ.reason
     assert sram.fits(sram.tile_budget(64, 64, 128, "float32"), "edge_npu")  # 145 KiB of 256
@@ -383,7 +383,7 @@ def test_fa3_beats_the_two_level_estimate_cudnn_reaches_it_fa2_stays_below_and_n
 
 def test_128x128_at_d128_spills_only_at_4_warps():
     budget = sram.tile_budget(128, 128, 128, "float16")
-    four, eight = sram.occupancy(budget, "h100_sxm", num_warps=4), sram.occupancy(budget, "h100_sxm", num_warps=8)
+    four, eight = sram.tile_fit(budget, "h100_sxm", num_warps=4), sram.tile_fit(budget, "h100_sxm", num_warps=8)
     assert not four.fits and "spill" in four.reason  # 128 threads: more than 255 registers each
     assert eight.fits and eight.registers_per_thread <= 255  # 256 threads share the same bytes
 

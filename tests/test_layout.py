@@ -17,7 +17,7 @@ LAYERS = {"core": 0, "cudacheck": 0, "kernels": 1, "api": 2, "checks": 2, "": 2,
           "models": 3, "views": 4, "bench": 5, "grading": 5, "grade": 5, "authoring": 5,
           # one package per later chapter's subject, beside the views (they draw its figures),
           # and the chapters' command-line tools (``tools``) beside the other tools
-          "lowp": 4, "backward": 4, "model": 4, "parallel": 4, "edge": 4,
+          "lowp": 4, "backward": 4, "decoder": 4, "parallel": 4, "edge": 4,
           "tools": 5}
 # The top level: the public modules and command-line tools, then one package per idea.
 MAX_TOP_MODULES = 8

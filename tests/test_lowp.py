@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import course_lib
 from course_lib import checks
 from course_lib.core import rules
-from course_lib.lowp import conversion, fallback, formats, precision, schedule, study
+from course_lib.lowp import conversion, fallback, formats, precision, overlap, study
 from conftest import make_qkv
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -308,14 +308,14 @@ def test_conversion_counts_grow_with_the_place():
 COSTS = {"load": 1.0, "gemm0": 4.0, "softmax": 2.0, "gemm1": 4.0}
 
 
-@pytest.mark.parametrize("name", schedule.SCHEDULES)
+@pytest.mark.parametrize("name", overlap.SCHEDULES)
 def test_the_simulator_tends_to_the_closed_form(name):
-    per_tile = schedule.run(name, COSTS, n_tiles=200)["per_tile"]
-    assert per_tile == pytest.approx(schedule.steady_state(name, COSTS), rel=0.02)
+    per_tile = overlap.run(name, COSTS, n_tiles=200)["per_tile"]
+    assert per_tile == pytest.approx(overlap.steady_state(name, COSTS), rel=0.02)
 
 
 def test_no_resource_runs_two_ops_at_once_and_dependencies_hold():
-    spans = schedule.simulate(schedule.build("pingpong_intra", COSTS, 6))
+    spans = overlap.simulate(overlap.build("pingpong_intra", COSTS, 6))
     for resource in {s.op.resource for s in spans}:
         mine = sorted((s.start, s.end) for s in spans if s.op.resource == resource)
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(mine, mine[1:]))
@@ -324,14 +324,14 @@ def test_no_resource_runs_two_ops_at_once_and_dependencies_hold():
 
 
 def test_serial_is_the_sum_and_pingpong_hides_a_softmax_half_the_gemms():
-    serial = schedule.run("serial", COSTS, 10)
+    serial = overlap.run("serial", COSTS, 10)
     assert serial["time"] == pytest.approx(10 * sum(COSTS.values()))
-    assert schedule.run("pingpong", COSTS, 100)["tc_busy"] > 0.97
-    assert schedule.run("async_loads", COSTS, 100)["tc_busy"] == pytest.approx(8 / 10, rel=0.02)
+    assert overlap.run("pingpong", COSTS, 100)["tc_busy"] > 0.97
+    assert overlap.run("async_loads", COSTS, 100)["tc_busy"] == pytest.approx(8 / 10, rel=0.02)
 
 
 def test_stage_costs_follow_the_published_rates():
-    c = schedule.stage_costs("h100_sxm", kv_sharing=1e9)
+    c = overlap.stage_costs("h100_sxm", kv_sharing=1e9)
     # FA3, section 3: at head dim 128 the exponentials take about half the time of the two GEMMs
     assert c["softmax"] / (c["gemm0"] + c["gemm1"]) == pytest.approx(0.5, rel=0.02)
     assert c["load"] < 1e-3 * c["gemm0"]
@@ -339,4 +339,4 @@ def test_stage_costs_follow_the_published_rates():
 
 def test_unknown_schedules_are_refused():
     with pytest.raises(ValueError, match="schedule must be one of"):
-        schedule.build("warp_magic", COSTS, 4)
+        overlap.build("warp_magic", COSTS, 4)

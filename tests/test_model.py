@@ -6,9 +6,9 @@ import pytest
 
 import course_lib
 from course_lib import attention
-from course_lib.model import corpus, custom_masks, kv_cache
-from course_lib.model.split_kv import chunks, split_kv_decode
-from course_lib.model.transformer import DEFAULT_WEIGHTS, Transformer, as_tokens
+from course_lib.decoder import dataset, custom_masks, kv_cache
+from course_lib.decoder.split_kv import chunks, split_kv_decode
+from course_lib.decoder.transformer import DEFAULT_WEIGHTS, Transformer, as_tokens
 from conftest import make_qkv
 
 RECORD = DEFAULT_WEIGHTS.parent / "training.json"
@@ -22,14 +22,14 @@ def model():
 
 @pytest.fixture(scope="module")
 def heldout():
-    return corpus.read(corpus.HELDOUT_FILES)
+    return dataset.read(dataset.HELDOUT_FILES)
 
 
 # -- the model really works ---------------------------------------------------------
 
 def test_held_out_perplexity_is_far_below_the_byte_unigram_model(model, heldout):
     text = heldout[5000:5000 + 2 * 128 + 1]
-    unigram = corpus.unigram_perplexity(corpus.read(corpus.TRAIN_FILES), text)
+    unigram = dataset.unigram_perplexity(dataset.read(dataset.TRAIN_FILES), text)
     assert model.perplexity(text, length=128) < 0.5 * unigram
 
 
@@ -37,7 +37,7 @@ def test_training_record_names_the_data_and_keeps_held_out_files_out_of_training
     record = json.loads(RECORD.read_text())
     train = [row["file"] for row in record["train_files"]]
     held = [row["file"] for row in record["heldout_files"]]
-    assert train == list(corpus.TRAIN_FILES) and held == list(corpus.HELDOUT_FILES)
+    assert train == list(dataset.TRAIN_FILES) and held == list(dataset.HELDOUT_FILES)
     assert not set(train) & set(held)
     assert all(len(row["sha256"]) == 64 for row in record["train_files"] + record["heldout_files"])
     curve = record["curve"]

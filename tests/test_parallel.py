@@ -13,7 +13,7 @@ import pytest
 
 from course_lib import checks
 from course_lib.parallel import costmodel, sharding
-from course_lib.parallel.launch import RankFailed, RankTimeout
+from course_lib.parallel.ranks import RankFailed, RankTimeout
 from course_lib.parallel.run import Job, Problem, run_jobs
 from course_lib.parallel.shard_attention import local_partial, mask_call, simulate_ring
 

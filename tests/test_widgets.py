@@ -45,7 +45,7 @@ def test_moving_br_recomputes_the_budget_traffic_and_error(tile_explorer):
     assert r.flash == iomodel.flash_io(4096, 4096, 64, "float16", block_q=128, block_k=64)
     assert r.naive == iomodel.naive_io(4096, 4096, 64, "float16")
     assert r.flash_bound == roofline.time_bound(r.flash, "h100_sxm", "float16")
-    assert r.occupancy == sram.occupancy(r.budget, "h100_sxm")
+    assert r.occupancy == sram.tile_fit(r.budget, "h100_sxm")
     assert r.run_shape == (2 * 128 + 5, 2 * 64 + 3) and r.within_tolerance and 0 < r.max_error < 1e-2
     assert tile_explorer.summary.value != before_text and tile_explorer.image.value != before_png
     assert f"{r.budget.total_bytes:,} B on chip" in tile_explorer.summary.value

@@ -70,7 +70,7 @@ attention kernel on a 2 x 2 grid of 32 threads checks in a second or two.
 
 The modules, in the order a launch meets them: ``binding`` (the kernel's
 function rebound to ``fakecuda``, the ``cuda`` it sees, and to ``gpumath``),
-``launch`` (arguments in and out, allocations), ``schedule`` (one thread at a
+``checked_launch`` (arguments in and out, allocations), ``serial`` (one thread at a
 time, barriers) and ``warps`` (shuffles and votes), ``memory`` (traced arrays)
 and ``hazards`` (the access log: races, bounds, uninitialized reads, fences),
 ``report`` (what was found); ``grid`` and ``sites`` name threads and source
@@ -84,7 +84,7 @@ from __future__ import annotations
 from .binding import STANDIN, SourceKernel, python_function
 from .fakecuda import MODELLED, WARP_SIZE
 from .grid import Dim3, dim3
-from .launch import Launch
+from .checked_launch import Launch
 from .memory import DeviceArray, TracedArray, Uninitialized, to_device, uninitialized
 from .report import KINDS, Finding, KernelError, Report
 

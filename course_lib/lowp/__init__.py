@@ -9,7 +9,7 @@
   attention's precision;
 - ``fallback``: ``choose_precision(q, k, v, budget)`` -> fp8 / fp16 / fp32 and why;
 - ``conversion``: conversion in the hot loop, per tile, or once before it;
-- ``schedule``: FA3's producer / consumer overlap (serial, intra-warpgroup,
+- ``overlap``: FA3's producer / consumer overlap (serial, intra-warpgroup,
   ping-pong) as a checkable schedule model;
 - ``figures``: the chapter's figures.
 """

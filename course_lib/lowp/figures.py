@@ -124,7 +124,7 @@ def draw_conversion(records):
 
 
 def draw_timeline(runs: dict, until=None):
-    """One Gantt chart per schedule (``runs``: name -> ``schedule.run(...)``): a row per resource,
+    """One Gantt chart per schedule (``runs``: name -> ``overlap.run(...)``): a row per resource,
     a bar per operation, coloured by stage; ``until`` cuts the time axis (seconds)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch

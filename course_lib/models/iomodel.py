@@ -332,7 +332,7 @@ def levels(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", hw="h100_sxm",
 
     FA2's grid puts the Tr query tiles of one head next to each other, so the
     blocks in flight (``concurrent_blocks``, by default SMs x blocks per SM
-    from ``sram.occupancy`` of the tile) cover about concurrent / Tr + 1
+    from ``sram.tile_fit`` of the tile) cover about concurrent / Tr + 1
     heads, and those heads' K and V are what L2 must hold.  ``options`` are
     ``attention_io``'s mask options.
     """
@@ -345,7 +345,7 @@ def levels(seqlen_q, seqlen_k=None, head_dim=64, dtype="float16", hw="h100_sxm",
     on_chip = attention_io(schedule, seqlen_q, nk, head_dim, dtype, head_dim_v=dv, block_q=block_q,
                            block_k=block_k, batch=batch, heads=heads, return_lse=return_lse, **options)
     if concurrent_blocks is None:
-        occ = sram.occupancy(sram.tile_budget(block_q, block_k, head_dim, dtype, head_dim_v=dv), machine,
+        occ = sram.tile_fit(sram.tile_budget(block_q, block_k, head_dim, dtype, head_dim_v=dv), machine,
                              num_warps)
         concurrent_blocks = int(float(machine.units)) * max(occ.blocks_per_unit, 1)
     _positive(concurrent_blocks=concurrent_blocks)

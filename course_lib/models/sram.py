@@ -29,7 +29,7 @@ tensor-core operand, and K / V stream through a multi-stage TMA pipeline.
 The budget below counts the same bytes either way; ``kv_stages`` > 1 is the
 FA3 / Triton pipeline, not FA2.
 
-``occupancy(budget, hw)`` says whether the tile fits a preset and how many
+``tile_fit(budget, hw)`` says whether the tile fits a preset and how many
 such blocks one SM (or core, or cluster) holds at once, limited by shared
 memory, registers, threads or the block limit (on a GPU, ``core.hardware.occupancy``
 counts the blocks from the preset's per-SM limits).  The register count is an
@@ -178,7 +178,7 @@ PLACEMENT = {
 # -- does it fit? how many at once? ------------------------------------------------
 
 @dataclass(frozen=True)
-class Occupancy:
+class TileFit:
     """Whether a tile fits a machine, and how many tile programs one unit holds at once."""
 
     hardware: str
@@ -193,7 +193,7 @@ class Occupancy:
         return self.fits
 
 
-def occupancy(budget: TileBudget, hw, num_warps: int = 4) -> Occupancy:
+def tile_fit(budget: TileBudget, hw, num_warps: int = 4) -> TileFit:
     """Fit and blocks per SM (GPU) or per core / cluster / NPU (one-level SRAM)."""
     hw = hardware.hardware(hw)
     sram = int(float(hw.sram_per_unit))
@@ -202,7 +202,7 @@ def occupancy(budget: TileBudget, hw, num_warps: int = 4) -> Occupancy:
         fits = blocks >= 1
         reason = (f"{budget.total_bytes:,} B of {sram:,} B SRAM per {hw.unit_name}"
                   + ("" if fits else ": does not fit"))
-        return Occupancy(hw.name, fits, blocks, "SRAM", {"SRAM": blocks}, None, reason)
+        return TileFit(hw.name, fits, blocks, "SRAM", {"SRAM": blocks}, None, reason)
     threads = 32 * _positive_int("num_warps", num_warps)
     regs = budget.registers_per_thread(num_warps)
     occ = hardware.occupancy(hw, regs, budget.shared_bytes, threads)
@@ -218,17 +218,17 @@ def occupancy(budget: TileBudget, hw, num_warps: int = 4) -> Occupancy:
                   f"{blocks} block(s) per SM, limited by {limiter}")
     else:
         reason = "does not fit: " + "; ".join(problems or [f"{limiter} allows no block"])
-    return Occupancy(hw.name, fits, blocks, limiter, limits, regs, reason)
+    return TileFit(hw.name, fits, blocks, limiter, limits, regs, reason)
 
 
 def fits(budget: TileBudget, hw, num_warps: int = 4) -> bool:
     """True when one tile program fits the machine at all."""
-    return occupancy(budget, hw, num_warps).fits
+    return tile_fit(budget, hw, num_warps).fits
 
 
 def fits_all(budget: TileBudget, num_warps: int = 4) -> dict:
-    """``occupancy`` against every preset in ``hardware.HARDWARE``, by key."""
-    return {key: occupancy(budget, key, num_warps) for key in hardware.HARDWARE}
+    """``tile_fit`` against every preset in ``hardware.HARDWARE``, by key."""
+    return {key: tile_fit(budget, key, num_warps) for key in hardware.HARDWARE}
 
 
 def largest_square_tile(head_dim: int, dtype, hw, *, num_warps: int = 4, candidates=(16, 32, 64, 128, 256)):
@@ -311,7 +311,7 @@ def plot_budget(budget: TileBudget, hw="h100_sxm", num_warps: int = 4, figsize=(
 
     fig, ax = plt.subplots(figsize=figsize)
     draw_budget(ax, budget, hw, num_warps)
-    occ = occupancy(budget, hw, num_warps)
+    occ = tile_fit(budget, hw, num_warps)
     ax.set_title(f"{hardware.hardware(hw).name}: {occ.reason}", fontsize=8)
     fig.tight_layout()
     return fig

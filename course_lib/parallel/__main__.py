@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from .. import checks
-from .launch import FAULTS, RankFailed, RankTimeout
+from .ranks import FAULTS, RankFailed, RankTimeout
 from .run import STRATEGIES, Job, Problem, check, run_jobs
 from .sharding import SCHEMES
 

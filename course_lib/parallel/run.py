@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import checks
 from . import sharding
-from .launch import run_ranks
+from .ranks import run_ranks
 from .ring import ring_attention
 from .shard_attention import shard, unshard
 from .ulysses import check_heads, ulysses_attention

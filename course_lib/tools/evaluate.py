@@ -38,9 +38,9 @@ from ..api import attention, available_impls
 from ..bench.records import environment, new_run, write_records
 from ..bench.timing import time_interleaved, time_it
 from ..core.options import attention_options
-from ..model import corpus, custom_masks
-from ..model.split_kv import split_kv_decode
-from ..model.transformer import Transformer
+from ..decoder import dataset, custom_masks
+from ..decoder.split_kv import split_kv_decode
+from ..decoder.transformer import Transformer
 
 # The precision table's rows: the dtype attention's q, k, v and the KV cache
 # are stored in.
@@ -89,8 +89,8 @@ class Evaluation:
         if unknown:
             raise ValueError(f"unknown impls {unknown}; choose from {available_impls()}")
         self.repeats = repeats or (3 if quick else 7)
-        self.text = corpus.read(corpus.HELDOUT_FILES)
-        self.unigram = corpus.unigram_perplexity(corpus.read(corpus.TRAIN_FILES), self.text)
+        self.text = dataset.read(dataset.HELDOUT_FILES)
+        self.unigram = dataset.unigram_perplexity(dataset.read(dataset.TRAIN_FILES), self.text)
         self.run, self.env = new_run(), environment()
         c = self.model.config
         self.heads = (c.n_heads, c.n_kv_heads, c.head_dim)
@@ -153,7 +153,7 @@ class Evaluation:
             extra.update(budget=AUTO_BUDGET, **choices_by_layer(attend.choices, c.n_layers))
         truth = (self.model.perplexity(text, length=length) if phase == "prefill"
                  else self.model.perplexity(text, length=len(text) - 1))
-        unigram = corpus.unigram_perplexity(corpus.read(corpus.TRAIN_FILES), text)
+        unigram = dataset.unigram_perplexity(dataset.read(dataset.TRAIN_FILES), text)
         return self.rec("quality", impl=impl, dtype=precision, phase=phase, shape=shape, perplexity=ppl,
                         unigram_perplexity=unigram,
                         kv_cache=kv_cache, seconds=seconds, layer="whole scoring pass", text_bytes=len(text),

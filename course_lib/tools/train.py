@@ -1,10 +1,10 @@
 """Train chapter 13's byte-level language model with PyTorch on the CPU.
 
-    python -m course_lib.tools.train [--steps 600] [--out course_lib/model/weights/byte_lm.npz]
+    python -m course_lib.tools.train [--steps 600] [--out course_lib/decoder/weights/byte_lm.npz]
 
 The text is the Python standard library's own source, which ships with every
-Python and which nobody on the course wrote: ``model.corpus.TRAIN_FILES`` to
-learn from, ``model.corpus.HELDOUT_FILES`` to score on.  The tokens are bytes
+Python and which nobody on the course wrote: ``model.dataset.TRAIN_FILES`` to
+learn from, ``model.dataset.HELDOUT_FILES`` to score on.  The tokens are bytes
 (256 of them), so there is no tokenizer to train or ship.
 
 The network is ``model.transformer``'s, written here a second time in torch so
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from ..bench.records import environment
-from ..model import corpus
-from ..model.transformer import Config, DEFAULT_WEIGHTS
+from ..decoder import dataset
+from ..decoder.transformer import Config, DEFAULT_WEIGHTS
 
 RECORD_NAME = "training.json"  # written beside the weights
 
@@ -141,8 +141,8 @@ def train(*, steps, batch, lr, seed, out, config, eval_every=50, threads=1):
     torch = _torch()
     torch.manual_seed(seed)
     torch.set_num_threads(threads)  # the machine is shared
-    train_data = np.frombuffer(corpus.read(corpus.TRAIN_FILES), dtype=np.uint8)
-    held_data = np.frombuffer(corpus.read(corpus.HELDOUT_FILES), dtype=np.uint8)
+    train_data = np.frombuffer(dataset.read(dataset.TRAIN_FILES), dtype=np.uint8)
+    held_data = np.frombuffer(dataset.read(dataset.HELDOUT_FILES), dtype=np.uint8)
     rng = np.random.default_rng(seed)
     held_batch = torch.from_numpy(_windows(held_data, np.random.default_rng(seed + 1), 16, config.context))
     net = build(config)
@@ -185,9 +185,9 @@ def train(*, steps, batch, lr, seed, out, config, eval_every=50, threads=1):
         "config": config.as_dict(), "steps": steps, "batch": batch, "lr": lr, "seed": seed,
         "tokens_seen": steps * batch * config.context, "threads": threads,
         "parameters": int(sum(p.numel() for p in net.parameters())),
-        "train_files": corpus.manifest(corpus.TRAIN_FILES),
-        "heldout_files": corpus.manifest(corpus.HELDOUT_FILES),
-        "python_source": corpus.stdlib_dir().as_posix(),
+        "train_files": dataset.manifest(dataset.TRAIN_FILES),
+        "heldout_files": dataset.manifest(dataset.HELDOUT_FILES),
+        "python_source": dataset.stdlib_dir().as_posix(),
         "loss_unit": "nats per byte", "curve": curve, "wall_seconds": round(seconds, 1),
         "torch": torch.__version__, "machine": platform.machine(), "environment": environment(),
         "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -199,7 +199,7 @@ class TileSizeResult:
     hardware: str  # preset key
     seqlen: int
     budget: sram.TileBudget
-    occupancy: sram.Occupancy
+    occupancy: sram.TileFit
     naive: iomodel.Traffic  # at seqlen, fused softmax: two-level count (chip <-> L2 + HBM)
     flash: iomodel.Traffic  # FA2 loop order at seqlen, two-level count
     naive_bound: roofline.Bound  # two-level estimates: every byte charged to HBM
@@ -269,7 +269,7 @@ def tile_size_numbers(block_q=64, block_k=64, head_dim=64, dtype="float16", hard
     lv = (iomodel.levels(seqlen, seqlen, head_dim, dtype, hw, block_q=block_q, block_k=block_k)
           if hw.l2 is not None else None)
     return TileSizeResult(
-        block_q, block_k, head_dim, dtype, hw.key, seqlen, budget, sram.occupancy(budget, hw),
+        block_q, block_k, head_dim, dtype, hw.key, seqlen, budget, sram.tile_fit(budget, hw),
         naive, flash, roofline.time_bound(naive, hw, dtype), roofline.time_bound(flash, hw, dtype), lv,
         run_dtype, shape, error, max_error, ok)
 

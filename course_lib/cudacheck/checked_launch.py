@@ -7,19 +7,19 @@ import traceback
 
 import numpy as np
 
-from . import binding, fakecuda, gpumath, grid, hazards, memory, report, schedule, sites, warps
+from . import binding, fakecuda, gpumath, grid, hazards, memory, report, serial, sites, warps
 from .binding import Binder
 from .fakecuda import FakeCuda
 from .grid import Grid
 from .hazards import AccessLog
 from .memory import DeviceArray, Memory, TracedArray, Uninitialized, junk
 from .report import Findings, KernelError, Report
-from .schedule import Scheduler
+from .serial import Scheduler
 from .sites import declared_name, site
 
 # the simulator's own files: a kernel's error is told at the last line of the kernel's code, not of these
 _SIMULATOR_FILES = {__file__} | {m.__file__ for m in (binding, fakecuda, gpumath, grid, hazards, memory, report,
-                                                       schedule, sites, warps)}
+                                                       serial, sites, warps)}
 
 
 class Launch:
