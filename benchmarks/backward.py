@@ -119,8 +119,11 @@ def tile_gemm_rate(blas, D, repeats=200):
 
         def run(n):
             for _ in range(n):
-                torch.mm(Q, K.t(), out=S); torch.mm(dO, V.t(), out=dP)
-                dV.addmm_(S.t(), dO); dK.addmm_(dP.t(), Q); dQ.addmm_(dP, K)
+                torch.mm(Q, K.t(), out=S)
+                torch.mm(dO, V.t(), out=dP)
+                dV.addmm_(S.t(), dO)
+                dK.addmm_(dP.t(), Q)
+                dQ.addmm_(dP, K)
     else:
         import numba
 
@@ -133,8 +136,11 @@ def tile_gemm_rate(blas, D, repeats=200):
         @numba.njit
         def five(Q, K, dO, V, S, dP, dV, dK, dQ, n):
             for _ in range(n):
-                np.dot(Q, K.T, S); np.dot(dO, V.T, dP)
-                dot_add(S.T, dO, dV); dot_add(dP.T, Q, dK); dot_add(dP, K, dQ)
+                np.dot(Q, K.T, S)
+                np.dot(dO, V.T, dP)
+                dot_add(S.T, dO, dV)
+                dot_add(dP.T, Q, dK)
+                dot_add(dP, K, dQ)
 
         def run(n):
             five(Q, K, dO, V, S, dP, dV, dK, dQ, n)

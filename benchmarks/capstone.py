@@ -74,6 +74,7 @@ def alternate(calls: dict, rounds: int) -> dict:
 def worker(rounds):
     """One process of the bandwidth group: its first call and ``rounds`` timed calls, as JSON on stdout."""
     import numba
+
     from course_lib import api
     q, k, v = qkv(N)
     start = time.perf_counter()
@@ -115,15 +116,16 @@ def length_and_mask_groups(rounds, lengths):
         causal = mask == "causal"
         bucket = matrix.Bucket("capstone", "prefill", B, H, n, n, D, "float32", "window" if window[0] > 0 else mask)
         q, k, v = matrix.inputs(bucket, seed=16)
-        native = lambda: api.attention(q, k, v, impl="flash_numba_cpu", causal=causal, window_size=window)  # noqa: E731
+        native = lambda: api.attention(q, k, v, impl="flash_numba_cpu", causal=causal, window_size=window)
         public, ran = matrix.sdpa_path(dataclasses.replace(bucket, mask="none") if mask == "none" else bucket, q, k, v)
         if window[0] > 0:   # sdpa_path builds the N/8 window of a Bucket; give it this one's
             import torch
-            from course_lib.core.masks import MaskSpec
             import torch.nn.functional as F
+
+            from course_lib.core.masks import MaskSpec
             visible = torch.from_numpy(MaskSpec(n, n, window_size=window).visible(np.arange(n), np.arange(n)))
             tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-            public = lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=visible)  # noqa: E731
+            public = lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=visible)
             ran = "torch_sdpa (mask tensor)"
         times = alternate({"native": native, "public": public}, rounds)
         peak = peak_bytes(native)
@@ -144,10 +146,10 @@ def length_and_mask_groups(rounds, lengths):
 
 
 def conversion_group(rounds, n=N):
+    from course_lib import api
     from course_lib.core import options
     from course_lib.kernels import cpu_steps as kernel
     from course_lib.kernels import launch as host
-    from course_lib import api
     q16, k16, v16 = qkv(n, np.float16)
     tile = kernel_tiles()     # float16 inputs accumulate in float32: the same tiles
     grabbed = {}

@@ -20,8 +20,8 @@ import numpy as np
 
 import course_lib
 from course_lib import bench
-from course_lib.kernels import flash_numpy
 from course_lib.core.masks import MaskSpec
+from course_lib.kernels import flash_numpy
 from course_lib.views.tilemap import tile_counts
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -430,7 +430,8 @@ def run_parts(parts, rounds, out):
                                 shape=(B, H, N, N, D), dtype="float32", causal=causal, time_s=r["kernel_s"],
                                 openblas_coretype=os.environ.get("OPENBLAS_CORETYPE") if not blas_env
                                 else blas_env["OPENBLAS_CORETYPE"], **r)
-            print(f"  phases {shape}, BLAS {r['blas_core']}, one thread, tiles {r['tiles']}: kernel {r['kernel_s']:.3f} s, matmuls alone "
+            print(f"  phases {shape}, BLAS {r['blas_core']}, one thread, tiles {r['tiles']}: "
+                  f"kernel {r['kernel_s']:.3f} s, matmuls alone "
                   f"{r['matmuls_s']:.3f} s, row passes alone {r['row_pass_s']:.3f} s, torch {r['torch_s']:.3f} s; "
                   f"buffers per item {r['buffers_per_item_s']:.3f} s; page faults a call "
                   f"{r['kernel_faults']} (per item: {r['buffers_per_item_faults']})")
@@ -563,9 +564,11 @@ def roofline_worker(runs=7):
     read_all(big[:1024])
     matmul, copy, read = [], [], []
     for _ in range(runs):
-        start = time.perf_counter(); np.matmul(a, b, out=c); matmul.append(time.perf_counter() - start)
-        start = time.perf_counter(); np.copyto(dst, src); copy.append(time.perf_counter() - start)
-        start = time.perf_counter(); read_all(big); read.append(time.perf_counter() - start)
+        for times, work in ((matmul, lambda: np.matmul(a, b, out=c)), (copy, lambda: np.copyto(dst, src)),
+                            (read, lambda: read_all(big))):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
     import ctypes
     import glob
     blas_core = "unknown"

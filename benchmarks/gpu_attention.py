@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from course_lib import api, bench, checks
 from course_lib.core.options import call_forward
 from course_lib.kernels import flash_numba_cuda as fnc
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def plan_for(q, k, v, **options):

@@ -18,15 +18,14 @@ Needs a CUDA GPU, numba-cuda and torch; a benchmark, not a test.  Parts:
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 import course_lib
 from course_lib import bench, checks
-from course_lib.core.backward_options import call_backward
 from course_lib.bench.cases import BACKWARD_CASES, run_backward_case
 from course_lib.bench.peers import peer_runs_on
+from course_lib.core.backward_options import call_backward
 from course_lib.kernels import backward_numba_cuda as bk
 from course_lib.kernels.tensor_cores import backward as tb
 
@@ -144,7 +143,7 @@ def part_time_mma():
             tiling = tb.default_tiling("f16", D, D)
             resources = {}
             for label, kernel in zip(("dkdv", "dq"), tb.make_kernels("f16", tiling, D, D)):
-                one = lambda x: list(x.values())[0] if isinstance(x, dict) else x  # noqa: E731
+                one = lambda x: list(x.values())[0] if isinstance(x, dict) else x
                 resources[label] = {"registers": one(kernel.get_regs_per_thread()),
                                     "local_bytes": one(kernel.get_local_mem_per_thread()),
                                     "shared_bytes": one(kernel.get_shared_mem_per_block())}

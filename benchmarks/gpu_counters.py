@@ -89,6 +89,7 @@ def ldsm_conflicts(counters):
 def mma_tilings(kind, D):
     """(label, tiling) profiled at head dim D: chapter 11's chain, then the tuned tiling if it is another."""
     import gpu_mma
+
     from course_lib.kernels import tensor_cores as tc
     steps = gpu_mma.chain(kind, D)
     tuned = tc.default_tiling(kind, D, D)
@@ -101,7 +102,7 @@ def profile(calls):
     import torch
     import torch.cuda.profiler as profiler
     torch.cuda.synchronize()
-    for info, fn in calls:
+    for _info, fn in calls:
         profiler.start()
         fn()
         torch.cuda.synchronize()
@@ -112,6 +113,7 @@ def profile(calls):
 def mma_child(shapes):
     """One profiled call of every (step, tiling, shape), after a compile and a warm-up."""
     import gpu_mma
+
     from course_lib.kernels import tensor_cores as tc
     calls = []
     for B, H, N, D in shapes:
@@ -129,6 +131,7 @@ def mma_child(shapes):
 
 def child(shapes, steps, tuned):
     import gpu_steps as gs
+
     from course_lib import bench
     from course_lib.kernels import cuda_steps as cs
     if tuned:
@@ -168,8 +171,8 @@ def main(argv=None):
     if args.child:
         mma_child(shapes) if args.mma else child(shapes, steps, args.tuned)
         return
-    from course_lib.bench import ncu
     from course_lib import bench
+    from course_lib.bench import ncu
     wanted = MMA_METRICS if args.mma else METRICS
     metrics = known_metrics(args.ncu, wanted)
     missing = [m for m in wanted if m not in metrics]

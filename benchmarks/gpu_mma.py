@@ -33,11 +33,11 @@ import traceback
 import numpy as np
 
 from course_lib import bench, checks
+from course_lib.bench.cases import FORWARD_CASES
 from course_lib.bench.peers import peer_runs_on
 from course_lib.core import rules
 from course_lib.core.options import call_forward
 from course_lib.kernels import tensor_cores as tc
-from course_lib.bench.cases import FORWARD_CASES
 
 OUT = RUN = ENV = None
 REPEATS = 20
@@ -89,7 +89,7 @@ def part_resources():
         tc.attention(q, k, v, step=step)
         tiling = tc.default_tiling(kind, D, D)
         kernel = tc.make_mma_kernel(kind, tiling, D, D)
-        one = lambda values: list(values.values())[0] if isinstance(values, dict) else values  # noqa: E731
+        one = lambda values: list(values.values())[0] if isinstance(values, dict) else values
         rec = {"benchmark": "gpu_mma_resources", "impl": f"cuda_{step}", "kind": kind, "D": D,
                "tiling": {"warps": tiling.warps, "Bc": tiling.Bc, "Br": tiling.Br},
                "registers": one(kernel.get_regs_per_thread()), "local_bytes": one(kernel.get_local_mem_per_thread()),

@@ -50,12 +50,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from course_lib import bench, checks
 from course_lib.core import hardware
 from course_lib.core.options import call_forward
 from course_lib.kernels import cuda_steps as cs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = None
 RUN = None
@@ -257,7 +257,7 @@ def part_tune(args):
         bench.log(f"tuned D={D}: {best}")
         OUT.write({"benchmark": "gpu_steps_tuned", "run_id": RUN, "run": RUN, "D": D, "tiling": best.__dict__,
                    "timed": [[t.__dict__, s] for t, s in results], "environment": ENV})
-        del pr
+        pr = None  # free the GPU arrays before the next size
 
 
 # The autotuner's candidates for ``tuned`` (tiled_staged's kernel: 16-byte shared loads, K / V staged
@@ -295,7 +295,7 @@ def part_steps(args):
                     if impl == "torch_sdpa_math" and n > 8192:
                         continue
                     time_record("gpu_steps", impl, fn, pr.shape, dtype, causal, args.repeats)
-                del pr
+                pr = None  # free the GPU arrays before the next size
                 torch.cuda.empty_cache()
 
 
@@ -321,7 +321,7 @@ def part_chain(args):
                                 step=step, round=rnd, **step_extra(p))
                 time_record("gpu_steps_chain", "torch_naive", naive, pr.shape, "float32", causal, args.repeats,
                             round=rnd)
-            del pr, calls
+            pr = calls = None  # free the GPU arrays before the next size
             torch.cuda.empty_cache()
 
 
@@ -337,7 +337,7 @@ def part_causal(args):
             for impl in ("torch_naive", "torch_sdpa_efficient"):
                 time_record("gpu_steps_causal", impl, peers(pr, causal, [impl])[impl][0], pr.shape, "float32",
                             causal, args.repeats)
-            del pr
+            pr = None  # free the GPU arrays before the next size
             torch.cuda.empty_cache()
 
 
@@ -377,7 +377,7 @@ def part_decode(args):
         bench.log(f"decode D={D}: the rule chooses {chosen} splits {inputs}")
         for impl, (fn, dtype) in peers(pr, False).items():
             time_record("gpu_steps_decode", impl, fn, pr.shape, dtype, False, args.repeats)
-        del pr
+        pr = None  # free the GPU arrays before the next size
         torch.cuda.empty_cache()
 
 
@@ -416,7 +416,7 @@ def part_layers(args):
                                timer="host perf_counter around cuda_steps.attention(numpy...), copies included, "
                                      "median of 5"))
         bench.log(f"layers {pr.shape}: launch {t * 1e6:.1f} us, end to end {statistics.median(ts) * 1e3:.2f} ms")
-        del pr
+        pr = None  # free the GPU arrays before the next size
 
 
 MASKS = {

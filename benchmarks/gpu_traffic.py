@@ -26,9 +26,10 @@ IMPLS = ["torch_naive", "torch_sdpa_efficient", "cuda_tuned"]
 
 
 def child(impl, B, H, N, D, tuned):
+    import gpu_steps as gs
     import torch
     import torch.cuda.profiler as profiler
-    import gpu_steps as gs
+
     from course_lib import bench
     from course_lib.kernels import cuda_steps as cs
     torch.backends.cuda.matmul.allow_tf32 = False

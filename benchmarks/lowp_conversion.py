@@ -17,7 +17,6 @@ import argparse
 import statistics
 from pathlib import Path
 
-import ml_dtypes
 import numba
 import numpy as np
 

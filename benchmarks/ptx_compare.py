@@ -39,6 +39,7 @@ def off_the_gpu():
     """Let numba compile for sm_90 on a machine without a GPU: device functions are compiled for the
     current device's compute capability, and there is none here, so say 9.0."""
     from types import SimpleNamespace
+
     from numba.cuda import dispatcher
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
 
@@ -141,11 +142,12 @@ def dump_tensor_cores(out, only=()):
     """PTX of chapter 11's tensor-core forward (every kind, version and head dim above) and of chapter 12's
     two backward kernels (float16 and bfloat16, D = 64 / 128), named ``tc_<kind>_<version>_D<D>``."""
     import numpy as np
+
+    from course_lib.core import rules
     from course_lib.core.backward_options import call_backward
     from course_lib.core.options import call_forward
     from course_lib.kernels import tensor_cores as tc
     from course_lib.kernels.tensor_cores import backward as tb
-    from course_lib.core import rules
     print("tensor cores from", tc.__file__, flush=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ def ptxas(ptx, ptxas_bin, path):
     r = subprocess.run([ptxas_bin, "-v", "-arch=sm_90", str(path), "-o", "/dev/null"], capture_output=True,
                        text=True, check=True)
     text = r.stderr
-    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, text)) else 0   # noqa: E731
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, text)) else 0
     # shared_bytes: the static shared memory ptxas sees; cp.async's stages are dynamic, sized at launch
     return {"registers": number(r"Used (\d+) registers"), "spill_stores": number(r"(\d+) bytes spill stores"),
             "spill_loads": number(r"(\d+) bytes spill loads"), "stack_frame": number(r"(\d+) bytes stack frame"),
@@ -45,6 +45,7 @@ def forward_kernels():
     """(record fields, kernel, arguments) of every step of chapter 11's chain and its tuned tiling."""
     import gpu_mma
     from gpu_counters import MMA_KINDS, mma_tilings
+
     from course_lib.core.options import call_forward
     from course_lib.kernels import tensor_cores as tc
     from course_lib.kernels.tensor_cores.layout import words

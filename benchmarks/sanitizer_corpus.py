@@ -28,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
-HERE = Path(__file__).resolve()
-
 from course_lib import bench, cudacheck
 from course_lib.cudacheck.corpus import CASES, case
 from course_lib.cudacheck.sanitizer_record import RECORD, TOOL_OF_KIND, TOOLS
+
+HERE = Path(__file__).resolve()
 
 MATCH, DIFFER = "LAUNCH MATCHES SPEC", "LAUNCH DIFFERS FROM SPEC"
 
@@ -115,7 +115,7 @@ def environment(sanitizer):
     nvcc = re.search(r"release ([\d.]+)", shell("nvcc", "--version"))
     try:
         driver_cuda = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
-    except Exception:  # no driver (a dry run): say so
+    except Exception:  # noqa: BLE001 - no driver (a dry run): say so
         driver_cuda = "none"
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

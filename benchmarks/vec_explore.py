@@ -8,12 +8,11 @@ import time
 import traceback
 from pathlib import Path
 
-import numpy as np
-
 import gpu_steps as gs
+
 from course_lib import bench
-from course_lib.kernels import cuda_steps as cs
 from course_lib.core.flops import attention_flops
+from course_lib.kernels import cuda_steps as cs
 
 LOG = None     # explore.jsonl: every timing of the exploration
 
@@ -74,7 +73,7 @@ def part_cands():
         for c in CANDS[D]:
             times.append((time_one(pr, f"vec{c}", tiling=T(*c)) or 1e9, c))
         BEST[D] = T(*min(times)[1])
-        del pr
+        pr = None  # free the GPU arrays before the next size
         torch.cuda.empty_cache()
 
 
@@ -85,7 +84,7 @@ def part_causal():
         for causal in (False, True):
             pr = gs.Problem(2, 16, 8192, 8192, D, seed=D)
             time_one(pr, f"causal8192 {best[D]}", tiling=best[D], causal=causal)
-            del pr
+            pr = None  # free the GPU arrays before the next size
             torch.cuda.empty_cache()
 
 
@@ -98,7 +97,7 @@ def part_decode():
                 til = cs.Tiling(Br=1, Bc=Bc, threads=th, tx=tx, pad=4, prefetch=False, vec=True)
                 for splits in (1, 8, 16, 32, 64):
                     time_one(pr, f"decode Bc={Bc} th={th}", tiling=til, splits=splits)
-        del pr
+        pr = None  # free the GPU arrays before the next size
         torch.cuda.empty_cache()
 
 

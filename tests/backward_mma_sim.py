@@ -15,10 +15,12 @@ from numba import cuda
 
 import course_lib
 from course_lib import checks
-from course_lib.core import rules
 from course_lib.bench.cases import with_slopes
 from course_lib.bench.timing import verdict
-from course_lib.kernels.tensor_cores import backward as tb, mma, sim as mma_sim
+from course_lib.core import rules
+from course_lib.kernels.tensor_cores import backward as tb
+from course_lib.kernels.tensor_cores import mma
+from course_lib.kernels.tensor_cores import sim as mma_sim
 
 SMALL = tb.BackwardTiling(warps=2, Bi=16)
 tb.default_tiling = lambda kind, D, Dv: SMALL

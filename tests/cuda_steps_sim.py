@@ -11,11 +11,10 @@ from numba import cuda
 
 import course_lib
 from course_lib import checks
-from course_lib.core import rules
 from course_lib.bench.cases import CUDA_IMPLS, FORWARD_CASES, with_slopes
 from course_lib.bench.timing import verdict
+from course_lib.core import rules
 from course_lib.kernels import cuda_steps as cs
-
 
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, seed):

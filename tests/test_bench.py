@@ -14,9 +14,9 @@ import pytest
 from course_lib import bench
 from course_lib.bench import cli as benchrun
 from course_lib.bench import timing
+from course_lib.core.flops import attention_flops
 from course_lib.kernels import cuda_steps as cs
 from course_lib.kernels import tensor_cores
-from course_lib.core.flops import attention_flops
 
 RECORDS = Path(__file__).resolve().parent.parent / "notebooks" / "records"
 

@@ -2,7 +2,8 @@
 
 The kernels run in numba's simulator, which must be chosen before numba is
 imported, so one subprocess (tests/cuda_steps_sim.py) runs every CUDA impl of
-the registry (chapter 09's and each of chapter 10's steps) on every awkward case (tails, Nq != Nk, GQA / MQA, causal both ways, window, softcap,
+the registry (chapter 09's and each of chapter 10's steps) on every awkward case (tails, Nq != Nk,
+GQA / MQA, causal both ways, window, softcap,
 ALiBi, rows that see no key, split-KV, decode) and the planted mistakes, and
 the tests below read its verdicts.  The large shapes and the speeds ran on an
 H200 (benchmarks/gpu_steps.py, notebooks/records/gpu_steps.jsonl); nothing
@@ -12,17 +13,16 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import course_lib
 from course_lib import kernels
-from course_lib.core import hardware, rules
 from course_lib.bench.cases import CUDA_IMPLS, FORWARD_CASES
+from course_lib.core import hardware, rules
 from course_lib.kernels import cuda_steps as cs
 from course_lib.kernels.cuda_steps import __main__ as cli
 

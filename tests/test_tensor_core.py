@@ -291,7 +291,7 @@ def test_a_wrong_ldmatrix_address_or_a_missing_swizzle_is_caught():
         return ldmatrix_x4(flat, [swizzle(*rows(lane, 0, 0), 32) for lane in range(32)])
     good = fragments(tc.k_rows, tc.swizzle)
     # matrices 1 and 2 swapped (key tile and word half mixed up)
-    swapped = lambda lane, j, kc: tc.k_rows(lane ^ 24 if (lane >> 3) in (1, 2) else lane, j, kc)  # noqa: E731
+    swapped = lambda lane, j, kc: tc.k_rows(lane ^ 24 if (lane >> 3) in (1, 2) else lane, j, kc)
     assert (fragments(swapped, tc.swizzle) != good).any()
     # the addresses of the plain layout read from the swizzled tile
     assert (fragments(tc.k_rows, lambda r, w, rw: r * rw + w) != good).any()

@@ -25,8 +25,19 @@ timings taken minutes apart on a shared machine are not comparable.
 - ``matrix``: ``--matrix``, the regression matrix over three paths and its comparison with the records.
 """
 from .peers import torch_naive
-from .records import (LAYERS, RecordFile, append_record, attention_bytes, environment, gpu_environment, latest_run,
-                      load_records, new_run, record, write_records)
+from .records import (
+                      LAYERS,
+                      RecordFile,
+                      append_record,
+                      attention_bytes,
+                      environment,
+                      gpu_environment,
+                      latest_run,
+                      load_records,
+                      new_run,
+                      record,
+                      write_records,
+)
 from .timing import cuda_time_it, interleaved_rounds, log, spread, time_interleaved, time_it, verdict
 
 __all__ = ["LAYERS", "RecordFile", "append_record", "attention_bytes", "cuda_time_it", "environment",

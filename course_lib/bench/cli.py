@@ -290,7 +290,7 @@ def report(records, baseline=("torch_naive", "naive"), runs_on=False) -> str:
         return "no bench records"
     run_id = rows[-1]["run_id"]
     rows = [r for r in rows if r["run_id"] == run_id]
-    key = lambda r: (r["bucket"], r["Nq"], r["Nk"], r["D"], r["causal"], r["dtype"])  # noqa: E731
+    key = lambda r: (r["bucket"], r["Nq"], r["Nk"], r["D"], r["causal"], r["dtype"])
     base = {}   # the baseline of each shape: the first of ``baseline`` that ran, in float32 where it ran in float32
     for r in sorted(rows, key=lambda r: (r["dtype"] != "float32", baseline.index(r["impl"]) if r["impl"] in baseline
                                          else len(baseline))):

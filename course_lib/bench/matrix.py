@@ -368,11 +368,12 @@ def report(records) -> str:
 GPU_PATHS = {"native": ("cuda_tuned",), "public": ("torch_sdpa_efficient", "torch_sdpa_flash")}
 
 
-def gpu_report(bench_records, lengths=tuple(LENGTHS.values()), head_dim=64) -> str:
+def gpu_report(bench_records, lengths=None, head_dim=64) -> str:
     """The matrix's buckets where a GPU's ``python -m course_lib.bench`` records exist (chapter 10's H200
     run): the native path is chapter 10's ``cuda_tuned``, the public one SDPA's efficient kernel (fp32)
     or its flash kernel (fp16), the kernel layer; no float64 reference was timed there, and that run
     has no window or bfloat16 buckets."""
+    lengths = tuple(LENGTHS.values()) if lengths is None else lengths
     rows = [r for r in bench_records if r.get("benchmark") == "bench" and r.get("layer") == "kernel"]
     run_ = latest_run(rows)
     if not run_:

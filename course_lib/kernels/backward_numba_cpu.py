@@ -86,8 +86,15 @@ def available() -> bool:
 
 if numba is not None:
     from .blas_add import dot_add
-    from .cpu_steps.tile import (alibi_row, exp_row, exp_row_shifted, hide_outside_window, round_to_bits,
-                                 shift_of, softcap)
+    from .cpu_steps.tile import (
+        alibi_row,
+        exp_row,
+        exp_row_shifted,
+        hide_outside_window,
+        round_to_bits,
+        shift_of,
+        softcap,
+    )
 
     softcap_slope = numba.njit(cache=True)(rules.softcap_slope)
 

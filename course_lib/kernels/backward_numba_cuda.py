@@ -89,7 +89,7 @@ def make_kernels(D: int, Dv: int):
     def dkdv_kernel(q, k, v, dout, lse, dsum, tiles, kv_head_of, group, scale, cap, alibi, slopes,
                     offset, left, right, dk, dv):
         """grid (Tc, B * Hk), TILE threads: dk, dv (B, Hk, Nk, D / Dv), summed over each group."""
-        H, Nq, Nk = q.shape[1], q.shape[2], k.shape[2]
+        Nq, Nk = q.shape[2], k.shape[2]
         Hk = k.shape[1]
         tc = cuda.blockIdx.x
         b = cuda.blockIdx.y // Hk
@@ -196,7 +196,7 @@ def plan(q, k, v, opts, mask):
     if q.dtype != np.float32:
         raise TypeError(f"the CUDA backward computes in float32 only; q, k and v are {q.dtype}")
     B, H, Nq, D = q.shape
-    Hk, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    Hk, Dv = k.shape[1], v.shape[3]
     launch = host.prepare(q[:, :, :0], k[:, :, :0], v[:, :, :0], opts, mask, TILE, TILE)[0]
     if launch.Br != TILE or launch.Bc != TILE:
         raise ValueError(f"the CUDA backward runs {TILE} x {TILE} tiles (one warp a block); block_q / block_k "

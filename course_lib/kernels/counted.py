@@ -84,7 +84,7 @@ _TENSOR_ORDER = ["Q", "K", "V", "S", "P", "m", "l", "O", "lse"]
 
 def traffic(schedule, flops, exps, reads, writes) -> Traffic:
     """A Traffic with zero entries dropped, so a model and a count compare equal."""
-    clean = lambda d: {k: int(v) for k, v in d.items() if v}  # noqa: E731
+    clean = lambda d: {k: int(v) for k, v in d.items() if v}
     return Traffic(schedule, int(flops), int(exps), clean(reads), clean(writes))
 
 

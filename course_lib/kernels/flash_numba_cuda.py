@@ -47,7 +47,7 @@ import numpy as np
 
 try:
     import numba
-    from numba import cuda, float32, int32
+    from numba import cuda, float32
 except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unavailable, nothing else
     numba = None
 

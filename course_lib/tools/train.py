@@ -29,7 +29,7 @@ import numpy as np
 
 from ..bench.records import environment
 from ..decoder import dataset
-from ..decoder.transformer import Config, DEFAULT_WEIGHTS
+from ..decoder.transformer import DEFAULT_WEIGHTS, Config
 
 RECORD_NAME = "training.json"  # written beside the weights
 

@@ -76,13 +76,30 @@ from ...core import rules
 from ...core.reference import nan_lse_where_out_is_nan
 from .. import launch as host_launch
 from . import versions
-from .host import (MIN_ITEMS_PER_THREAD, balanced_items, blas_core, heaviest_first_items, key_splits,
-                   scipy_openblas, thread_runs, tile_sizes_for, wide_tiles, zigzag_items)
+from .host import (
+    MIN_ITEMS_PER_THREAD,
+    balanced_items,
+    blas_core,
+    heaviest_first_items,
+    key_splits,
+    scipy_openblas,
+    thread_runs,
+    tile_sizes_for,
+    wide_tiles,
+    zigzag_items,
+)
 from .tile import FASTMATH
 
 if numba is not None:
-    from .tile import (exp2_and_sum, exp_row, matmul_nt, maximum, softmax_tile_exp2, softmax_tile_scalar,
-                       softmax_tile_vector)
+    from .tile import (
+        exp2_and_sum,
+        exp_row,
+        matmul_nt,
+        maximum,
+        softmax_tile_exp2,
+        softmax_tile_scalar,
+        softmax_tile_vector,
+    )
     from .versions import fetch_add, handout_kernel, scratch_kernel, tile_buffers
 
 __all__ = ["FASTMATH", "FINAL_VERSION", "MIN_ITEMS_PER_THREAD", "VERSIONS", "Version", "attention_forward",

@@ -43,7 +43,7 @@ def scipy_openblas():
     import os
 
     import scipy
-    import scipy.linalg.cython_blas  # noqa: F401  (loads the library)
+    import scipy.linalg.cython_blas
     folder = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
     for path in glob.glob(os.path.join(folder, "libscipy_openblas*.so*")):
         library = ctypes.CDLL(path)

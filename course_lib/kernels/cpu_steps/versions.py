@@ -27,8 +27,7 @@ if numba is not None:
     from numba.core import types
     from numba.extending import intrinsic
 
-    from .tile import (finalize, matmul_nt, round_p, softmax_tile_exp2, softmax_tile_scalar,
-                       softmax_tile_vector)
+    from .tile import finalize, matmul_nt, round_p, softmax_tile_exp2, softmax_tile_scalar, softmax_tile_vector
 
     # -- what every work item shares -------------------------------------------------------
 

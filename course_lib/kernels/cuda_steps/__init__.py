@@ -27,14 +27,25 @@ These kernels run on a GPU or in numba's simulator (``NUMBA_ENABLE_CUDASIM=1``);
 """
 from .device import on_gpu
 from .merge import make_merge_kernel
-from .run import (SIMT_STEPS, SPLIT_KV_STEPS, Plan, allow_shared, attention, available, factory, forward,
-                  launcher, plan, tiling_for, visit_lists)
+from .run import (
+                  SIMT_STEPS,
+                  SPLIT_KV_STEPS,
+                  Plan,
+                  allow_shared,
+                  attention,
+                  available,
+                  factory,
+                  forward,
+                  launcher,
+                  plan,
+                  tiling_for,
+                  visit_lists,
+)
 from .tiled import make_tiled_kernel
 from .tiled_prefetch import make_prefetch_kernel
 from .tiled_staged import make_staged_kernel
 from .tiled_vec4 import make_aligned_kernel, make_rebuilt_kernel, make_reorder_kernel, make_shuffle_kernel
-from .tiling import (CANDIDATES, DECODE_TILING, MAX_SHARED, SIM_TILING, STATIC_SHARED, STEP_TILING, TUNED,
-                     Tiling)
+from .tiling import CANDIDATES, DECODE_TILING, MAX_SHARED, SIM_TILING, STATIC_SHARED, STEP_TILING, TUNED, Tiling
 from .tuning import DECODE_WAVES, autotune, decode_splits, resources
 
 __all__ = ["CANDIDATES", "DECODE_TILING", "DECODE_WAVES", "MAX_SHARED", "Plan", "SIM_TILING",

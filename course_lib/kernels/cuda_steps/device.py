@@ -35,9 +35,9 @@ if numba is not None:
 def _compile_time_constants(*classes):
     """numba's type for an instance of ``classes``: the instance itself, each attribute a literal."""
     from numba.cuda import types
+    from numba.cuda.core.imputils import lower_constant
     from numba.cuda.datamodel import models
     from numba.cuda.extending import infer_getattr, lower_getattr_generic, register_model, typeof_impl
-    from numba.cuda.core.imputils import lower_constant
     from numba.cuda.typing.templates import AttributeTemplate
 
     class Constants(types.Dummy):

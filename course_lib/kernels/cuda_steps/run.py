@@ -2,7 +2,8 @@
 
 ``plan`` decides one launch of a step on the host: the kernel (from the step's
 Tiling, ``factory``: ``tiled``'s, ``tiled_prefetch``'s, one of ``tiled_vec4``'s
-steps' or ``tiled_staged``'s, or chapter 09's for ``row`` / ``row_exp2``), the grid, the dynamic shared memory and the arguments.  Causal (and window) tile skipping is the
+steps' or ``tiled_staged``'s, or chapter 09's for ``row`` / ``row_exp2``), the grid, the dynamic
+shared memory and the arguments.  Causal (and window) tile skipping is the
 host's, as in chapters 08 and 09: ``launch.prepare`` classifies the tiles, and
 each query tile gets the list of the key tiles it visits (``visit_lists``), so
 a skipped tile costs nothing, not even a branch.  Split-KV (``splits > 1``)

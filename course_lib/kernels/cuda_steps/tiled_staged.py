@@ -22,8 +22,17 @@ from .tiling import Tiling
 _KERNELS = {}
 
 if cuda is not None:
-    from .tiled_vec4 import (U, accumulate, apply_rules, finish_shuffle, load_q, row_max_shuffle, scores,
-                             softmax_step, start)
+    from .tiled_vec4 import (
+        U,
+        accumulate,
+        apply_rules,
+        finish_shuffle,
+        load_q,
+        row_max_shuffle,
+        scores,
+        softmax_step,
+        start,
+    )
 
     @cuda.jit(device=True, inline="always")
     def store_kv(T, L, sm, kreg, vreg, t, kc, kd, vc, ve):

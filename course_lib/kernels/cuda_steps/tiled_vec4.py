@@ -38,8 +38,18 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are un
     cuda = None
 
 from ...core import rules
-from .device import (SIMULATOR, alibi_distance, finalize, jit_options, max_nan, rescale_exp2, shift_of,
-                     softcap, tile_slot, visible)
+from .device import (
+    SIMULATOR,
+    alibi_distance,
+    finalize,
+    jit_options,
+    max_nan,
+    rescale_exp2,
+    shift_of,
+    softcap,
+    tile_slot,
+    visible,
+)
 from .tiling import Tiling
 
 _KERNELS = {}

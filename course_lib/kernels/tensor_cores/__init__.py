@@ -26,13 +26,37 @@ product, short of float32's accuracy on purpose) and ``tf32x3`` (``mma_3xtf32``:
 The forward runs on a GPU only (inline PTX); the backward runs in numba's simulator too, its instructions
 emulated (``sim``).
 """
-from .forward import (attention, available, decode_splits, launcher, make_mma_kernel, mma_forward, plan,
-                      version_of)
-from .layout import (DECODE_ROWS, HALF_A, INPUT_DTYPE, KINDS, RUN_CHAIN, RUN_TUNED, TENSOR_CORE_STEPS, TF32_A,
-                     TUNED, TUNED_STAGED, KernelShape, MmaTiling, decode_tiling, default_tiling, k_address, k_rows,
-                     kernel_shape, kind_of, padded, shared_bytes, staged_tiling, swizzle, tf32_key, v_address,
-                     v_rows, v_word_address, words)
 from ..cuda_steps.tiling import MAX_SHARED, STATIC_SHARED
+from .forward import attention, available, decode_splits, launcher, make_mma_kernel, mma_forward, plan, version_of
+from .layout import (
+                      DECODE_ROWS,
+                      HALF_A,
+                      INPUT_DTYPE,
+                      KINDS,
+                      RUN_CHAIN,
+                      RUN_TUNED,
+                      TENSOR_CORE_STEPS,
+                      TF32_A,
+                      TUNED,
+                      TUNED_STAGED,
+                      KernelShape,
+                      MmaTiling,
+                      decode_tiling,
+                      default_tiling,
+                      k_address,
+                      k_rows,
+                      kernel_shape,
+                      kind_of,
+                      padded,
+                      shared_bytes,
+                      staged_tiling,
+                      swizzle,
+                      tf32_key,
+                      v_address,
+                      v_rows,
+                      v_word_address,
+                      words,
+)
 
 __all__ = ["DECODE_ROWS", "HALF_A", "INPUT_DTYPE", "KINDS", "MAX_SHARED", "RUN_CHAIN", "RUN_TUNED", "STATIC_SHARED",
            "TENSOR_CORE_STEPS", "TF32_A", "TUNED", "TUNED_STAGED", "KernelShape", "MmaTiling", "attention",

@@ -64,8 +64,17 @@ from ..cuda_steps.run import Plan, kernel_args
 from ..cuda_steps.run import launcher as run_launcher
 from ..cuda_steps.tiling import MAX_SHARED, STATIC_SHARED
 from ..cuda_steps.tuning import decode_splits as _decode_splits
-from .layout import (DECODE_ROWS, KINDS, MmaTiling, decode_tiling, default_tiling, kernel_shape, kind_of,
-                     shared_bytes, words)
+from .layout import (
+    DECODE_ROWS,
+    KINDS,
+    MmaTiling,
+    decode_tiling,
+    default_tiling,
+    kernel_shape,
+    kind_of,
+    shared_bytes,
+    words,
+)
 
 if numba is not None:
     from . import versions

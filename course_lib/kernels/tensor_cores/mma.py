@@ -29,7 +29,8 @@ enters P V without a move (FlashAttention-2's register reuse).
 
 Conversions and moves, also single instructions: ``pack_f16`` / ``pack_bf16``
 (two float32 to one word of halves, ``cvt.rn.f16x2.f32``), ``to_tf32``
-(``cvt.rna.tf32.f32``; ``round_tf32`` in integer arithmetic, for 3xTF32's split), ``word_of`` / ``float_of`` (reinterpret the bits),
+(``cvt.rna.tf32.f32``; ``round_tf32`` in integer arithmetic, for 3xTF32's split), ``word_of`` /
+``float_of`` (reinterpret the bits),
 ``prmt`` (pick two halves of two words), ``max_nan`` (``max.NaN.f32``: the online softmax's max,
 a NaN let through, in one instruction).
 
