@@ -45,8 +45,23 @@ from pathlib import Path
 
 import coursework
 import service
-from machine import (DEFAULT_GROUP, NAME, REPO, Failed, Place, default_python, instructor_problem, kill, learners,
-                     need_root, pids_of_uid, readable_solutions, readable_solutions_text, run, runs_as_nobody)
+from machine import (
+    DEFAULT_GROUP,
+    NAME,
+    REPO,
+    Failed,
+    Place,
+    default_python,
+    instructor_problem,
+    kill,
+    learners,
+    need_root,
+    pids_of_uid,
+    readable_solutions,
+    readable_solutions_text,
+    run,
+    runs_as_nobody,
+)
 from service import HUB_STOP_S, START_DEFAULTS, hub_api, hub_pid
 
 DEFAULT_ROOT = Path("/opt/flash-course-hub")

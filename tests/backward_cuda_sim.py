@@ -10,8 +10,9 @@ import numpy as np
 import course_lib
 from course_lib import checks
 from course_lib.kernels import backward_numba_cuda as bk
+
 from conftest import make_qkv
-from cuda_steps_sim import verdict   # one verdict line for both simulator runners
+from cuda_steps_sim import verdict  # one verdict line for both simulator runners
 
 # name: (B, H, Hk, Nq, Nk, D, Dv, options)
 CASES = {

@@ -6,9 +6,10 @@ something the course's own model, record or the cited source contradicts.
 import re
 
 import pytest
-from lectures import markdown, output_of
 
 from course_lib.models import iomodel, sram
+
+from lectures import markdown, output_of
 
 
 @pytest.mark.parametrize("chapter", ["02", "03"])

@@ -39,9 +39,9 @@ import pytest
 from conftest import CHROMIUM, CHROMIUM_ARGS, REPO
 
 sys.path.insert(0, str(REPO / "classroom"))
-import coursework  # noqa: E402  (the instructor's commands; stdlib only)
-import machine  # noqa: E402
-import service  # noqa: E402
+import coursework  # the instructor's commands; stdlib only
+import machine
+import service
 
 SET = "01_naive_attention"
 SPAWN_S = 180

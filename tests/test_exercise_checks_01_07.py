@@ -9,6 +9,7 @@ raise CheckFailed and print FAIL.
 import pytest
 
 from course_lib import checks
+
 from exercise_checks import ExerciseSet, ExerciseSets, check_tests
 
 SETS = {"1": "01_naive_attention", "2": "02_roofline", "3": "03_tiling_and_sram", "4": "04_online_softmax",

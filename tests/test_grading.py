@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-import notebook_factory as nf
-from conftest import REPO
 from course_lib import checks
 from course_lib.grading import cli, pipeline, sandbox
 from course_lib.grading.submission import Course
+
+import notebook_factory as nf
+from conftest import REPO
 
 REAL_SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
 TIMEOUT = 5  # seconds per exercise's answer cells, and again per check
@@ -1030,6 +1031,7 @@ def test_each_sandbox_has_its_own_process_limit_named_in_reasons():
 def test_the_sandbox_leaves_no_file_of_its_output_behind(tmp_path, monkeypatch):
     """Its output went to a log in the grader's /tmp, which a killed grader left there, up to 64 MiB."""
     import tempfile
+
     from course_lib.grading import session as grading_session
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     nb = nf.read(REPO / "exercises" / "01_naive_attention.ipynb")

@@ -11,6 +11,7 @@ import course_lib
 from course_lib import checks
 from course_lib.core import rules
 from course_lib.lowp import conversion, fallback, formats, precision, schedule, study
+
 from conftest import make_qkv
 
 E4M3 = ml_dtypes.float8_e4m3fn

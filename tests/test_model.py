@@ -9,6 +9,7 @@ from course_lib import attention
 from course_lib.model import corpus, custom_masks, kv_cache
 from course_lib.model.split_kv import chunks, split_kv_decode
 from course_lib.model.transformer import DEFAULT_WEIGHTS, Transformer, as_tokens
+
 from conftest import make_qkv
 
 RECORD = DEFAULT_WEIGHTS.parent / "training.json"
@@ -172,6 +173,7 @@ def test_the_fallback_leaves_fp8_when_a_new_key_overflows_the_planned_scale(mode
     them): one new key 100 x larger than any before overflows e4m3 (448 x descale), which has no
     inf: the kernel would see NaN.  The fallback sees it and picks fp16, within the budget."""
     import ml_dtypes
+
     from course_lib import lowp
     from course_lib.evaluate import AUTO_BUDGET
     from course_lib.lowp.precision import cast_inputs

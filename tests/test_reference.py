@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import course_lib
 from course_lib import checks
+
 from conftest import attention_problems, make_qkv
 from oracle import oracle_attention
 

@@ -475,7 +475,7 @@ def clean_error(error) -> dict:
     if type(error) is not dict:
         return {"types": [], "name": "Error", "message": "the sandbox reported an unreadable error"}
     types = [t for t in error.get("types", []) if type(t) is str][:8] if type(error.get("types")) is list else []
-    text = lambda key, n: str(error.get(key, ""))[:n]  # noqa: E731
+    text = lambda key, n: str(error.get(key, ""))[:n]
     return {"types": types, "name": text("name", 100), "message": text("message", 2000), "where": text("where", 40)}
 
 

@@ -173,7 +173,7 @@ def _check(request, buffers):
             written.append([i, arg.copy_to_host()])
         elif type(arg).__name__ == "ndarray" and arg.flags.writeable:
             written.append([i, arg])
-    as_ints = lambda t: None if t is None else [int(v) for v in t]  # noqa: E731
+    as_ints = lambda t: None if t is None else [int(v) for v in t]
     findings = [{"kind": f.kind, "message": f.message, "block": as_ints(f.block), "thread": as_ints(f.thread),
                  "array": f.array, "index": as_ints(f.index), "line": f.line, "count": f.count}
                 for f in report.findings]

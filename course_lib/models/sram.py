@@ -45,8 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import hardware
-from ..core import rules
+from ..core import hardware, rules
 
 SHARED, REGISTERS = "shared", "registers"
 ALWAYS, INNER, EPILOGUE = "always", "inner loop", "epilogue"

@@ -19,13 +19,12 @@ it joins the group (the drill the tests and the lecture run).
 from __future__ import annotations
 
 import datetime
+import multiprocessing as mp
 import os
 import queue as queue_module
 import socket
 import time
 import traceback
-
-import multiprocessing as mp
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
