@@ -151,9 +151,10 @@ def start_proxy(place: Place, settings: dict) -> None:
         try:
             with urllib.request.urlopen(request, timeout=5):
                 return
-        except OSError:
+        except OSError as err:
             if time.monotonic() > deadline:
-                raise Failed("the proxy did not answer within 30 s; its log ends:\n" + log_tail(place, log="proxy.log"))
+                raise Failed("the proxy did not answer within 30 s; its log ends:\n"
+                             + log_tail(place, log="proxy.log")) from err
             time.sleep(0.3)
 
 

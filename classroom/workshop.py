@@ -118,7 +118,7 @@ def install(place: Place, group: str, python: str) -> None:
             shutil.copytree(src, dst, ignore=IGNORE)
         else:
             shutil.copyfile(src, dst)
-    for top, dirs, files in os.walk(new):
+    for top, _dirs, files in os.walk(new):
         os.chmod(top, 0o755)
         for f in files:
             os.chmod(os.path.join(top, f), 0o644)

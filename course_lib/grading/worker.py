@@ -230,7 +230,7 @@ def _serve():
                 reply.update(ok=True, value=wire.encode(NAMESPACE[request["name"]], out))
             else:
                 raise ValueError(f"unknown request {op!r}")
-        except BaseException as exc:  # the answer's exceptions are results, not the worker's end
+        except BaseException as exc:  # noqa: BLE001 -- the answer's exceptions are results, not the worker's end
             if isinstance(exc, SystemExit):
                 exc = RuntimeError(f"the answer called exit({exc.code!r})")
             reply, out = {"seq": _seq[0], "ok": False, "error": _error(exc)}, []
