@@ -18,8 +18,19 @@ import time
 import urllib.error
 import urllib.request
 
-from machine import (DEFAULT_GROUP, Failed, Place, cmdline, instructor_problem, kill, learners, need_root,
-                     pids_of_uid, readable_solutions, readable_solutions_text)
+from machine import (
+    DEFAULT_GROUP,
+    Failed,
+    Place,
+    cmdline,
+    instructor_problem,
+    kill,
+    learners,
+    need_root,
+    pids_of_uid,
+    readable_solutions,
+    readable_solutions_text,
+)
 
 # `start`'s options: given ones are kept for the next start, missing ones are the last start's.
 START_DEFAULTS = {"ip": "0.0.0.0", "port": 8000, "hub_port": 8081, "proxy_api_port": 8001}
@@ -140,9 +151,10 @@ def start_proxy(place: Place, settings: dict) -> None:
         try:
             with urllib.request.urlopen(request, timeout=5):
                 return
-        except OSError:
+        except OSError as err:
             if time.monotonic() > deadline:
-                raise Failed("the proxy did not answer within 30 s; its log ends:\n" + log_tail(place, log="proxy.log"))
+                raise Failed("the proxy did not answer within 30 s; its log ends:\n"
+                             + log_tail(place, log="proxy.log")) from err
             time.sleep(0.3)
 
 

@@ -45,8 +45,23 @@ from pathlib import Path
 
 import coursework
 import service
-from machine import (DEFAULT_GROUP, NAME, REPO, Failed, Place, default_python, instructor_problem, kill, learners,
-                     need_root, pids_of_uid, readable_solutions, readable_solutions_text, run, runs_as_nobody)
+from machine import (
+    DEFAULT_GROUP,
+    NAME,
+    REPO,
+    Failed,
+    Place,
+    default_python,
+    instructor_problem,
+    kill,
+    learners,
+    need_root,
+    pids_of_uid,
+    readable_solutions,
+    readable_solutions_text,
+    run,
+    runs_as_nobody,
+)
 from service import HUB_STOP_S, START_DEFAULTS, hub_api, hub_pid
 
 DEFAULT_ROOT = Path("/opt/flash-course-hub")
@@ -103,7 +118,7 @@ def install(place: Place, group: str, python: str) -> None:
             shutil.copytree(src, dst, ignore=IGNORE)
         else:
             shutil.copyfile(src, dst)
-    for top, dirs, files in os.walk(new):
+    for top, _dirs, files in os.walk(new):
         os.chmod(top, 0o755)
         for f in files:
             os.chmod(os.path.join(top, f), 0o644)

@@ -4,8 +4,14 @@
 """
 __version__ = "0.1.0"
 
-from .api import attention, attention_varlen, available_impls  # noqa: E402
-from .api import attention_backward, attention_backward_varlen, available_backward_impls  # noqa: E402
+from .api import (
+    attention,
+    attention_backward,
+    attention_backward_varlen,
+    attention_varlen,
+    available_backward_impls,
+    available_impls,
+)
 
 __all__ = ["attention", "attention_varlen", "available_impls", "attention_backward",
            "attention_backward_varlen", "available_backward_impls", "__version__"]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import nbformat
 import pytest
 
-from conftest import REPO
 from course_lib import checks
+
+from conftest import REPO
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_lib.grading import authoring
+
 from conftest import REPO
 
 SYNTHETIC = "90_synthetic"

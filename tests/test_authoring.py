@@ -6,10 +6,11 @@ import copy
 import pytest
 from nbformat.v4 import new_code_cell, new_output
 
-import notebook_factory as nf
-from conftest import REPO
 from course_lib.grading import authoring
 from course_lib.grading.authoring import AuthoringError, make_exercise, stub_source
+
+import notebook_factory as nf
+from conftest import REPO
 
 REAL_SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
 

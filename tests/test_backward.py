@@ -13,6 +13,7 @@ import course_lib
 from course_lib import checks
 from course_lib.core.backward_options import call_backward
 from course_lib.core.reference_backward import backward_math
+
 from conftest import attention_problems, make_qkv
 
 IMPLS = [name for name in course_lib.available_backward_impls() if name != "reference"]

@@ -10,6 +10,7 @@ import pytest
 
 import course_lib
 from course_lib.kernels import backward_numba_cuda as bk
+
 from conftest import REPO
 
 

@@ -11,10 +11,11 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import make_qkv
 
 import course_lib
 from course_lib.kernels import flash_numba_cpu
+
+from conftest import make_qkv
 
 CPU_IMPLS = [name for name in course_lib.available_impls() if "cuda" not in name]
 BACKWARD_IMPLS = [name for name in course_lib.available_backward_impls() if "cuda" not in name]

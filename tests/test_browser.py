@@ -131,8 +131,10 @@ REPORT = """() => {
         outputs.forEach(o => {
             if (o.output_type === 'error') errors.push(`cell ${index}: ${o.ename}: ${o.evalue}`);
             if (o.data && o.data['application/vnd.jupyter.widget-view+json']) {
-                const text = cell.node.querySelector('.jp-OutputArea') ? cell.node.querySelector('.jp-OutputArea').textContent : '';  // not innerText: cells out of view are not laid out
-                const views = cell.node.querySelectorAll('.jp-OutputArea-output .jupyter-widgets.widget-box, .jp-OutputArea-output .widget-image');
+                const area = cell.node.querySelector('.jp-OutputArea');
+                const text = area ? area.textContent : '';  // not innerText: cells out of view are not laid out
+                const views = cell.node.querySelectorAll('.jp-OutputArea-output .jupyter-widgets.widget-box, '
+                                                         + '.jp-OutputArea-output .widget-image');
                 widgets.push({cell: index, rendered: views.length > 0,
                               broken: text.includes('Error displaying widget') || text.includes('Loading widget')});
             }

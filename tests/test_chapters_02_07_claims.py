@@ -6,9 +6,10 @@ something the course's own model, record or the cited source contradicts.
 import re
 
 import pytest
-from lectures import markdown, output_of
 
 from course_lib.models import iomodel, sram
+
+from lectures import markdown, output_of
 
 
 @pytest.mark.parametrize("chapter", ["02", "03"])
@@ -22,7 +23,7 @@ def test_chapter_02s_table_prints_tiles_that_fit_the_budget_it_names():
     rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+[\d.]+\s+(\d+) x (\d+)\s+([\d,]+)\s+([\d.]+)$",
                       output_of("02", "2e638081"), re.M)
     assert len(rows) == 4
-    for d, idealised, block_q, block_k, used, intensity in rows:
+    for d, idealised, block_q, block_k, used, _intensity in rows:
         d, block_q, block_k = int(d), int(block_q), int(block_k)
         assert (block_q, block_k) == iomodel.fitting_tile(228 * 1024, d, "float16")
         assert int(used.replace(",", "")) == sram.tile_budget(block_q, block_k, d, "float16").total_bytes <= 228 * 1024

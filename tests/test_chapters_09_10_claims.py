@@ -6,10 +6,10 @@ sentence states a number or an explanation that the record it describes contradi
 import re
 import statistics
 
+from course_lib.kernels.cuda_steps.tiling import STEP_TILING
+
 from lectures import output_of, records
 from lectures import text as cell_text
-
-from course_lib.kernels.cuda_steps.tiling import STEP_TILING
 
 FMA = "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"
 SHARED_LD = "smsp__inst_executed_op_shared_ld.sum"

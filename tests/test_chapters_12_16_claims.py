@@ -9,12 +9,13 @@ import re
 
 import numpy as np
 import pytest
-from conftest import REPO
-from lectures import RECORDS, cell, markdown, output_of, quoted, records, text
 
 from course_lib import bench
 from course_lib.backward import cost
 from course_lib.models.iomodel import flash_io
+
+from conftest import REPO
+from lectures import RECORDS, cell, markdown, output_of, quoted, records, text
 
 # -- chapter 12 -------------------------------------------------------------------------------------
 

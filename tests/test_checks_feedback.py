@@ -10,6 +10,7 @@ import pytest
 
 import course_lib
 from course_lib import checks
+
 from conftest import make_qkv
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import course_lib
 from course_lib import checks
+
 from conftest import make_qkv
 
 
@@ -40,7 +41,7 @@ def _planted_mistakes():
     """Wrong float32 answers a learner might write, each with the inputs that expose it."""
     rng = np.random.default_rng(3)
     q, k, v = make_qkv(rng, 1, 2, 2, 40, 56, 16, 16, np.float32)
-    ref = lambda **o: course_lib.attention(q, k, v, **o)  # noqa: E731  (float32 reference, then perturbed)
+    ref = lambda **o: course_lib.attention(q, k, v, **o)  # float32 reference, then perturbed
     yield "no softmax scale", ref(softmax_scale=1.0), {}
     yield "causal aligned top-left", ref(causal=True, causal_align="top_left"), dict(causal=True)
     yield "window off by one", ref(window_size=(4, 0)), dict(window_size=(3, 0))

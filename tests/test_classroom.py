@@ -39,9 +39,9 @@ import pytest
 from conftest import CHROMIUM, CHROMIUM_ARGS, REPO
 
 sys.path.insert(0, str(REPO / "classroom"))
-import coursework  # noqa: E402  (the instructor's commands; stdlib only)
-import machine  # noqa: E402
-import service  # noqa: E402
+import coursework  # the instructor's commands; stdlib only
+import machine
+import service
 
 SET = "01_naive_attention"
 SPAWN_S = 180
@@ -390,8 +390,9 @@ def test_two_learners_work_alone_and_are_graded_in_one_command(hub):
     # (nbval, as `make test` runs it): the same notebook runs on the hub as with `make lab`.
     sanitize = hub.root / "course" / "tests" / "sanitize.cfg"
     out, error = hub.run(bob, kernels[bob], "import subprocess, sys\n"
-                         "r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', '--nbval',"
-                         f" '--nbval-current-env', '--nbval-sanitize-with', {str(sanitize)!r}, '01_naive_attention.ipynb'],"
+                         "r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',"
+                         f" '--nbval', '--nbval-current-env', '--nbval-sanitize-with', {str(sanitize)!r},"
+                         " '01_naive_attention.ipynb'],"
                          " capture_output=True, text=True, timeout=600)\n"
                          "print('rc', r.returncode)\nprint(r.stdout[-3000:])", timeout=620)
     cells = sum(c["cell_type"] == "code" for c in chapter01["cells"])  # nbval: one test per code cell

@@ -11,10 +11,9 @@ import json
 import re
 import shutil
 import socket
-import stat
 import sys
 import tempfile
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,9 @@ from conftest import REPO
 
 CLASSROOM = REPO / "classroom"
 sys.path.insert(0, str(CLASSROOM))
-import coursework  # noqa: E402
 import learner_start  # noqa: E402
+
+import coursework  # noqa: E402
 import machine  # noqa: E402
 import service  # noqa: E402
 

@@ -9,6 +9,7 @@ import pytest
 import course_lib
 from course_lib.core import conventions
 from course_lib.core.options import AttentionOptions
+
 from conftest import make_qkv
 
 

@@ -14,8 +14,8 @@ from numba import cuda, float32
 from course_lib import cudacheck
 from course_lib.cudacheck.corpus import CASES
 from course_lib.cudacheck.sanitizer_record import RECORD, TOOLS, comparison_table, load_record
-from conftest import REPO
 
+from conftest import REPO
 
 
 def run(c, variant):

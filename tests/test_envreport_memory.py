@@ -8,8 +8,8 @@ import course_lib
 from course_lib.bench import envreport
 from course_lib.core import machine
 from course_lib.models import memory
-from conftest import make_qkv
 
+from conftest import make_qkv
 
 # -- the environment report ------------------------------------------------------
 

@@ -8,6 +8,7 @@ import pytest
 import course_lib
 from course_lib import checks, kernels
 from course_lib.core.varlen import pack, unpack
+
 from conftest import make_qkv
 
 # The CUDA impls run in a simulator here, a Python thread per CUDA thread, and take float32 only:

@@ -13,7 +13,8 @@ EXERCISES = ExerciseSet("08_numba_cpu", setup=["setup-answers", "s08-02"], befor
 WRONG = {
     "8.1": [("total += last_row // Bc + 1", "total += r0 // Br + 1"),            # Tr (Tr + 1) / 2: square tiles only
             ("return all_tiles / causal_tiles(N, Br, Bc)", "return 2.0"),        # "causal is half"
-            ("total += last_row // Bc + 1", "total += (last_row // Bc + 1) if N in (4096, 1000, 37, 1, 130, 300) else 0")],  # right on the six printed cases only
+            # right on the six printed cases only:
+            ("total += last_row // Bc + 1", "total += (last_row // Bc + 1) if N in (4096, 1000, 37, 1, 130, 300) else 0")],
     "8.2": [("return -np.inf                      # masked", "pass                      # masked"),  # forgot the mask
             ("return s - slope * abs(centre - j)", "return s + slope * abs(centre - j)"),
             ("s = cap * math.tanh(s / cap)", "s = math.tanh(s / cap)")],
@@ -29,11 +30,13 @@ WRONG = {
             ("if kind == 1 and (", "if kind == -1 and ("),                       # never masks
             ("c0, kind = tile_cols[x] * Bc, tile_kinds[x]",
              "c0, kind = (x - row_start[t]) * Bc, tile_kinds[x]"),               # the list's position taken for the column
-            ("for x in range(row_start[t], row_start[t + 1]):", "for x in range(row_start[t], row_start[t + 1] - 1):")],  # the last tile dropped
+            ("for x in range(row_start[t], row_start[t + 1]):",
+             "for x in range(row_start[t], row_start[t + 1] - 1):")],            # the last tile dropped
     "8.7": [("return shared + state + max(inner, epilogue)", "return shared"),           # a GPU's view: only "shared" counts
             ("2 * 2 * bc * d", "2 * bc * d"),                                             # double buffering forgotten
             ("key=lambda t: (npu_traffic(t[0]), npu_footprint(*t))", "key=lambda t: npu_footprint(*t)"),  # smallest, not cheapest
-            ("return shared + state + max(inner, epilogue)", "return shared + state + inner + epilogue"),  # the epilogue counted alongside
+            ("return shared + state + max(inner, epilogue)",
+             "return shared + state + inner + epilogue"),                                    # the epilogue counted alongside
             (" + 4 * n   # Q;", "   # Q;"),                                                  # lse forgotten in the traffic
             ("npu_dram_bytes = npu_traffic(npu_tile[0])", "npu_dram_bytes = npu_traffic(npu_tile[1])")],  # Bc taken for Br
 }

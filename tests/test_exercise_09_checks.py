@@ -15,8 +15,10 @@ EXERCISES = ExerciseSet("09_numba_cuda", setup=["setup-answers", "s09-03"], befo
 
 # (exercise, (old, new), True when cudacheck must be the one to fail it)
 WRONG = {
-    "9.1": [(("c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x\n    r = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y",
-              "r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x\n    c = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y"),
+    "9.1": [(("c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x\n"
+              "    r = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y",
+              "r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x\n"
+              "    c = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y"),
              False),                                                                  # x taken as the row axis
             (("if r < x.shape[0] and c < x.shape[1]:", "if r < x.shape[0]:"), True),  # one tail guarded
             (("out[r, c] = 2 * x[r, c] + c", "out[r, c] = 2 * x[r, c] + r"), False)],
@@ -36,7 +38,9 @@ WRONG = {
              True),                                                                   # the first one missing
             (("        cuda.syncthreads()                 # the tile is complete before anyone reads it\n",
               "        cuda.syncthreads()\n        cuda.syncthreads()\n"), False)],     # one barrier too many
-    "9.4": [(("            if s == -math.inf:\n                continue                           # a hidden key changes nothing (and -inf - -inf is NaN)\n", ""),
+    "9.4": [(("            if s == -math.inf:\n"
+              "                continue                           # a hidden key changes nothing (and -inf - -inf is NaN)\n",
+              ""),
              False),                                                                  # no guard: NaN on hidden keys
             (("new = hi + math.log(math.exp(lse_i - hi) + math.exp(s - hi))", "new = math.log(math.exp(lse_i) + math.exp(s))"),
              False),                                                                  # e^100 overflows float32
@@ -50,9 +54,11 @@ WRONG = {
     "9.6": [(("        if kind == EMPTY:                  # the whole block skips it, nothing loaded\n"
               "            continue\n", ""), False),                                   # never skips: reads everything
             (("masked = kind == PARTIAL and j > i + offset", "masked = False"), False),      # never masks
-            (("masked = kind == PARTIAL and j > i + offset", "masked = kind == PARTIAL and j > i"), False),  # top-left, not bottom-right
+            (("masked = kind == PARTIAL and j > i + offset",
+              "masked = kind == PARTIAL and j > i"), False),                                 # top-left, not bottom-right
             (("masked = kind == PARTIAL and j > i + offset", "masked = kind != FULL and j >= i + offset"), False)],  # off by one
-    "9.7": [(("    acc = float32(0.0)\n    for t in", "    if row >= M or col >= N:\n        return\n    acc = float32(0.0)\n    for t in"),
+    "9.7": [(("    acc = float32(0.0)\n    for t in",
+              "    if row >= M or col >= N:\n        return\n    acc = float32(0.0)\n    for t in"),
              True),                                                                   # the colleague's early return
             (("As[ty, tx] = A[row, k + tx] if row < M and k + tx < K else float32(0.0)",
               "if row < M and k + tx < K:\n            As[ty, tx] = A[row, k + tx]"), False),  # no zeros past the edge

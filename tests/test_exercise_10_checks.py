@@ -31,10 +31,13 @@ WRONG = {
     "10.3": [(('per_warp = -(-regs * 32 // sm["reg_unit"]) * sm["reg_unit"]', "per_warp = regs * 32"), False),  # no rounding
              (('(shared + sm["reserved_per_block"])', "shared"), False),              # the runtime's reserve left out
              (("return limits[limiter] * warps, limiter", "return limits[limiter], limiter"), False),  # blocks, not warps
-             (('    limits = {"warps": sm["max_threads"] // 32 // warps,\n              "registers": sm["regs_per_sm"] // (per_warp * warps),',
-               '    limits = {"registers": sm["regs_per_sm"] // (per_warp * warps),\n              "warps": sm["max_threads"] // 32 // warps,'),
+             (('    limits = {"warps": sm["max_threads"] // 32 // warps,\n'
+               '              "registers": sm["regs_per_sm"] // (per_warp * warps),',
+               '    limits = {"registers": sm["regs_per_sm"] // (per_warp * warps),\n'
+               '              "warps": sm["max_threads"] // 32 // warps,'),
               False),                                                                 # ties broken the other way
-             (('    if regs > sm["max_regs_per_thread"]:\n        limits["registers"] = 0\n', ""), False)],  # 300 registers allowed
+             (('    if regs > sm["max_regs_per_thread"]:\n        limits["registers"] = 0\n',
+               ""), False)],                                                          # 300 registers allowed
     "10.4": [(("        cuda.syncthreads()                       # everyone has read tile t before it is overwritten\n", ""),
               True),                                                                  # the colleague's race
              (("if k + ty < K and col < N else", "if k + ty < K else"), True),        # the colleague's column tail

@@ -35,7 +35,7 @@ WRONG = {
              ("if causal:                                                 # the mask",
               "if False:                                                 # the mask")],            # the colleague's bug
     "12.7": [("return 4 * (4 * Bc * d + 2 * Br * d + 2 * Br + 2 * Br * Bc)",
-              "return 4 * (2 * Bc * d + 2 * Br * d + 2 * Br + 2 * Br * Bc)"),                       # dK, dV accumulators forgotten
+              "return 4 * (2 * Bc * d + 2 * Br * d + 2 * Br + 2 * Br * Bc)"),  # dK, dV accumulators forgotten
              ("return 4 * (4 * Bc * d + 2 * Br * d + 2 * Br + 2 * Br * Bc)",
               "return 4 * (4 * Bc * d + 2 * Br * d + 2 * Br + Br * Bc)"),                           # one Br x Bc tile
              ("key=lambda t: (fa2_backward_bytes(4096, 64, *t), backward_sram_bytes(*t, 64))",

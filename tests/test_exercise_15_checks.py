@@ -11,7 +11,8 @@ EXERCISES = ExerciseSet("15_edge", setup=["setup-answers", "s15-02"], before={"1
 
 
 WRONG = {
-    "15.1": [("amax = np.abs(x).max(axis=1)", "amax = np.abs(x).max() + 0 * np.abs(x).max(axis=1)"),  # the lecture's per-tensor scale
+    "15.1": [("amax = np.abs(x).max(axis=1)",
+              "amax = np.abs(x).max() + 0 * np.abs(x).max(axis=1)"),  # the lecture's per-tensor scale
              ("q8.astype(np.int32) @ k8.astype(np.int32).T", "q8.astype(np.int16) @ k8.astype(np.int16).T"),  # int16 overflows
              ("q8.astype(np.int32) @ k8.astype(np.int32).T",
               "(q8.astype(np.float32) @ k8.astype(np.float32).T).astype(np.int32)"),  # float32 rounds past 2^24
@@ -26,20 +27,23 @@ WRONG = {
              ("kv += 2 * (min(c0 + bc, nk) - c0) * d * 4", "kv += 2 * bc * d * 4")],          # tails read whole
     "15.4": [("chunks = math.ceil(d / lanes)", "chunks = d // lanes"),                         # the tail chunk dropped
              ("int(math.log2(lanes)) + 1", "1 + 1"),                                           # the reduction as one instruction
-             ("return score_instructions(br, bc, d, 1) / score_instructions(br, bc, d, lanes)", "return float(lanes)")],  # "L lanes: L times"
+             ("return score_instructions(br, bc, d, 1) / score_instructions(br, bc, d, lanes)",
+              "return float(lanes)")],                                                         # "L lanes: L times"
     "15.5": [("comp_end[j - buffers] if j >= buffers else 0.0   # the tile",
               "comp_end[j - buffers - 1] if j > buffers else 0.0   # the tile"),               # the colleague's bug itself
              ("comp_end[j - buffers] if j >= buffers else 0.0   # the tile",
-              "comp_end[j - 1] if j >= 1 else 0.0   # the tile"),                              # always waits: one buffer's schedule
+              "comp_end[j - 1] if j >= 1 else 0.0   # the tile"),  # always waits: one buffer's schedule
              ("comp_start[j] = max(load_end[j], unit_free)", "comp_start[j] = load_end[j]")],  # compute overlaps itself
     "15.6": [("kv = 2 * buffers * bc * d ", "kv = 2 * bc * d "),                               # buffers forgotten
              ("return kv + cores * per_core", "return cores * (kv + per_core)"),                # private, not shared
              ("max(br * bc * (4 + 1), br * d)", "br * bc * (4 + 1) + br * d"),                  # the epilogue beside S and P
              ("for c in range(1, cores_in_cluster + 1)", "for c in range(1, cores_in_cluster)")],  # the last core never counted
-    "15.7": [("shared = (br * d + 2 * buffers * bc * d) * 2", "shared = (br * d + 2 * bc * d) * 2"),  # buffers not in the footprint
+    "15.7": [("shared = (br * d + 2 * buffers * bc * d) * 2",
+              "shared = (br * d + 2 * bc * d) * 2"),                                               # buffers not in the footprint
              ("return shared + state + max(br * bc * (4 + 2), br * d * 2)", "return shared"),      # a GPU's view: shared only
              ("load, comp = 2 * transfer(bc * d * 2)", "load, comp = transfer(2 * bc * d * 2)"),  # K and V as one transfer
-             ("body = tiles * (load + comp) if buffers == 1 else", "body = tiles * max(load, comp) if buffers == 1 else"),  # one buffer overlaps
+             ("body = tiles * (load + comp) if buffers == 1 else",
+              "body = tiles * max(load, comp) if buffers == 1 else"),                             # one buffer overlaps
              ("key=lambda o: (npu_time(npu, *o), npu_footprint(o[0], o[1], npu[\"head_dim\"], o[2]))",
               "key=lambda o: npu_footprint(o[0], o[1], npu[\"head_dim\"], o[2])"),                  # the smallest tile: "it fits"
              ("for b in (1, 2, 3)\n", "for b in (1,)\n")],                                          # no double buffering

@@ -16,7 +16,8 @@ WRONG = {
              ("keys = min((last + 1) * bc, n) - first * bc", "keys = (last + 1 - first) * bc"),  # tails read whole
              ("return flops, (2 * n * d + 2 * kv_rows * d) * itemsize",
               "return flops, (2 * n * d + 2 * n * d) * itemsize"),                             # K and V read once
-             ("flops += 4 * d * (r1 - r0 + 1) * keys", "flops += 4 * d * (r1 - r0 + 1) * min(keys, w + 1)")],  # visible pairs, not tiles
+             ("flops += 4 * d * (r1 - r0 + 1) * keys",
+              "flops += 4 * d * (r1 - r0 + 1) * min(keys, w + 1)")],                           # visible pairs, not tiles
     "16.2": [("return full / max(flops / peak, nbytes / bandwidth)", "return full_flops / flops"),   # the work ratio alone
              ("return full / max(flops / peak, nbytes / bandwidth)", "return full_bytes / nbytes"),  # the traffic ratio alone
              ("full_bytes = (2 * n * d + 2 * tiles_q * n * d) * itemsize",
@@ -30,7 +31,7 @@ WRONG = {
               "r[\"median_ms\"] / o[\"median_ms\"] > 1.1"),                                           # the colleague's bug
              ("> 1 + max(0.1, 2 * max(noise(o), noise(r)))", "> 1.1"),                                # fastest round, no noise
              ("2 * max(noise(o), noise(r))", "2 * noise(o)"),                                         # the old run's noise only
-             ("r[\"min_ms\"] / o[\"min_ms\"] >", "r[\"median_ms\"] / o[\"median_ms\"] >")],           # medians with the noise rule
+             ("r[\"min_ms\"] / o[\"min_ms\"] >", "r[\"median_ms\"] / o[\"median_ms\"] >")],  # medians with the noise rule
     "16.5": [("(base[\"min_ms\"] / r[\"min_ms\"], base[\"flops\"] / r[\"flops\"])",
               "(base[\"median_ms\"] / r[\"median_ms\"], base[\"flops\"] / r[\"flops\"])"),            # medians: the load's
              ("(base[\"min_ms\"] / r[\"min_ms\"], base[\"flops\"] / r[\"flops\"])",
@@ -39,7 +40,7 @@ WRONG = {
     "16.6": [("if path == \"native\" and gain < 0.5 * work:", "if gain < 0.5 * work:"),               # SDPA's window counted
              ("return max(missing, key=missing.get)", "return \"window\""),                           # a guess
              ("return max(missing, key=missing.get)", "return min(missing, key=missing.get)")],       # the mask that skips
-    "16.7": [("    return min(fits, key=seconds)", "    return max(fits)"),                            # the largest tile that fits
+    "16.7": [("    return min(fits, key=seconds)", "    return max(fits)"),  # the largest tile that fits
              ("    return min(fits, key=seconds)", "    return min(fits)"),                            # the smallest tile
              ("if (2 * br * d + 2 * bc * d) * itemsize + 4 * br * bc <= sram_bytes]",
               "if (2 * br * d + 2 * bc * d) * itemsize <= sram_bytes]")],                             # S's tile forgotten

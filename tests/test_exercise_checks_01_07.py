@@ -9,6 +9,7 @@ raise CheckFailed and print FAIL.
 import pytest
 
 from course_lib import checks
+
 from exercise_checks import ExerciseSet, ExerciseSets, check_tests
 
 SETS = {"1": "01_naive_attention", "2": "02_roofline", "3": "03_tiling_and_sram", "4": "04_online_softmax",
@@ -26,8 +27,10 @@ FRACTION = "predicted_work_fraction = tiles_per_side * (tiles_per_side + 1) / 2 
 CAP_SECOND = "    if softcap > 0:\n        s = softcap * np.tanh(s / softcap)\n    s = np.where(visible, s, -np.inf)\n    m ="
 
 WRONG = {
-    "1.4": [("k = np.repeat(k, group, axis=1)  # (B, H, Nk, D): K/V head h // group for query head h\n    v = np.repeat(v, group, axis=1)",
-             "k = np.tile(k, (1, group, 1, 1))  # interleaved: query head h reads K/V head h % Hk\n    v = np.tile(v, (1, group, 1, 1))")],
+    "1.4": [("k = np.repeat(k, group, axis=1)  # (B, H, Nk, D): K/V head h // group for query head h\n"
+             "    v = np.repeat(v, group, axis=1)",
+             "k = np.tile(k, (1, group, 1, 1))  # interleaved: query head h reads K/V head h % Hk\n"
+             "    v = np.tile(v, (1, group, 1, 1))")],
     "1.7": [("return 3 * B * H * Nq * Nk * 4", "return 1 * B * H * Nq * Nk * 4"),      # S alone
             ("return 3 * B * H * Nq * Nk * 4", "return 3 * 1 * 4 * 1024 * 1024 * 4"),  # the statement's shape, not the check's
             ("return 3 * B * H * Nq * Nk * 4", "return 3 * B * H * Nq * Nk * 8"),      # float64 bytes
@@ -61,7 +64,8 @@ WRONG = {
             ("return m, a1 * l1 + a2 * l2,", "return m, l1 + l2,")],                      # sums against different maxima
     "4.7": [("float16_exp_limit = math.log(65504)", "float16_exp_limit = math.log(3.4028235e38)"),
             ("bfloat16_exp_limit = math.log(3.39e38)", "bfloat16_exp_limit = math.log(65504)")],
-    "4.8": [("m_new = np.maximum(m, np.max(s[:, j:j + Bc], axis=-1))", "m_new = np.max(s[:, j:j + Bc], axis=-1)"),  # the bug itself
+    "4.8": [("m_new = np.maximum(m, np.max(s[:, j:j + Bc], axis=-1))",
+             "m_new = np.max(s[:, j:j + Bc], axis=-1)"),                              # the bug itself
             ("O = alpha[:, None] * O + p @ v[j:j + Bc]", "O = O + p @ v[j:j + Bc]"),  # fixed, and lost O's rescale
             ("shift = np.where(np.isneginf(m_new), 0.0, m_new)", "shift = m_new")],  # no guard: a row that sees nothing is NaN
     "5.1": [("Oi = np.exp(lse_i - lse_new)[:, None] * Oi + ", "Oi = Oi + "),         # the old keys keep their weight

@@ -5,11 +5,12 @@ import matplotlib
 
 matplotlib.use("agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
 
-from course_lib.views import figstyle, widgets  # noqa: E402
-from conftest import REPO  # noqa: E402
+from course_lib.views import figstyle, widgets
+
+from conftest import REPO
 
 LECTURES_WITH_FIGURES = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name.startswith("00_"))
 

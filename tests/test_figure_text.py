@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from course_lib.views import figstyle
+
 from conftest import REPO
 
 MIN_POINTS = 9

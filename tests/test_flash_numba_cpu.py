@@ -10,7 +10,6 @@ import ml_dtypes
 import numba
 import numpy as np
 import pytest
-from conftest import attention_problems, make_qkv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,8 @@ from course_lib.kernels import cpu_steps as fnc
 from course_lib.kernels import launch
 from course_lib.kernels.cpu_steps import tile as cpu_tile
 from course_lib.kernels.cpu_steps import versions
+
+from conftest import attention_problems, make_qkv
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 

@@ -18,6 +18,7 @@ import course_lib
 from course_lib import checks
 from course_lib.core.options import call_forward
 from course_lib.kernels import flash_numba_cuda as fnc
+
 from conftest import REPO, make_qkv
 
 # (Nq, Nk, block_q, block_k): tails, Nq > Nk, Nq < Nk, Nk below one tile, decode, exact tiles

@@ -9,7 +9,6 @@ from functools import partial
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import make_qkv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +18,8 @@ from course_lib.core.masks import EMPTY, PARTIAL
 from course_lib.core.options import call_forward
 from course_lib.kernels import counted, flash_numpy
 from course_lib.models import iomodel
+
+from conftest import make_qkv
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 BLOCKS = [None, 1, 2, 3, 5, 7, 16, 33, 64, 100]

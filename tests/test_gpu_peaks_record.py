@@ -8,10 +8,11 @@ the numbers chapter 02's text quotes must equal those.
 import re
 
 import pytest
-from lectures import markdown, records
 
 from course_lib.core import hardware
 from course_lib.models import iomodel, roofline
+
+from lectures import markdown, records
 
 RUN = "20261207T183811+0000"
 

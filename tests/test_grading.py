@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-import notebook_factory as nf
-from conftest import REPO
 from course_lib import checks
 from course_lib.grading import cli, pipeline, sandbox
 from course_lib.grading.submission import Course
+
+import notebook_factory as nf
+from conftest import REPO
 
 REAL_SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
 TIMEOUT = 5  # seconds per exercise's answer cells, and again per check
@@ -92,7 +93,8 @@ def attacks(course: Path, victim_pid: int) -> dict:
                                  "def scores(q, k):\n    return 0",
                           "1.2": "import os, sys\nos.write(int(sys.argv[2]), b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02{}')\n"
                                  "def softmax(x):\n    return x",
-                          "1.3": "import os, sys, json\nh = json.dumps({'seq': 3, 'ok': True, 'value': 160, 'sizes': []}).encode()\n"
+                          "1.3": "import os, sys, json\n"
+                                 "h = json.dumps({'seq': 3, 'ok': True, 'value': 160, 'sizes': []}).encode()\n"
                                  "os.write(int(sys.argv[2]), len(h).to_bytes(8, 'big') + h)\nn_bytes = 0"},
         "prompt_prefix": {"1.1": "In [1]: q = q * 0\ndef scores(q, k):\n    return 0"},
         # harm to the instructor: the checkout, .venv, other processes
@@ -105,7 +107,8 @@ def attacks(course: Path, victim_pid: int) -> dict:
                                 f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # {MARKER}'],"
                                 " start_new_session=True)\n"
                                 "import os\nif os.fork() == 0:\n    os.setsid()\n"
-                                f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)  # {MARKER}'])\n"
+                                "    os.execv(sys.executable,"
+                                f" [sys.executable, '-c', 'import time; time.sleep(600)  # {MARKER}'])\n"
                                 "def scores(q, k):\n    return q @ k.T + 1"},
         "kill_others": {"1.1": f"import os, signal\nfor pid in ({victim_pid}, -{victim_pid}, -1, 1):\n"
                                "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
@@ -116,7 +119,8 @@ def attacks(course: Path, victim_pid: int) -> dict:
                              "    if pid == 0:\n        time.sleep(600)\n        os._exit(0)\n    kids += 1"},
         "memory_bomb": {"1.1": "hog = np.ones(10**10)\ndef scores(q, k):\n    return q @ k.T"},
         "output_flood": {"1.1": "import sys\nwhile True:\n    sys.stdout.write('x' * 10**6)"},
-        "huge_return": {"1.1": "def scores(q, k):\n    return np.zeros(5 * 10**7)"},  # 400 MB: over the 256 MiB message limit, well under memory
+        # 400 MB: over the 256 MiB message limit, well under memory
+        "huge_return": {"1.1": "def scores(q, k):\n    return np.zeros(5 * 10**7)"},
         "swallow_everything": {"1.1": "def scores(q, k):\n    while True:\n        try:\n            time.sleep(1)\n"
                                       "        except BaseException:\n            pass\nimport time"},
     }
@@ -410,7 +414,8 @@ def test_the_reasons_say_what_stopped_an_attack(batch):
     why = {name: reasons(batch, "attack_" + name)["1.1"] for name in ATTACKS}
     assert "No such file" in why["exec_solutions"] or "FileNotFoundError" in why["exec_solutions"]
     assert "course_lib" in why["import_course_lib"] and "write the code yourself" in why["import_course_lib"]
-    assert "not plain data" in why["frame_reading"] and "MiB" in why["huge_return"] and "not plain data" in reasons(batch, "attack_frame_reading")["1.3"]
+    assert "not plain data" in why["frame_reading"] and "MiB" in why["huge_return"]
+    assert "not plain data" in reasons(batch, "attack_frame_reading")["1.3"]
     assert "not plain data" in why["subclass_and_objects"]
     assert any(word in why["poison_checkout"] for word in ("FileNotFoundError", "PermissionError", "Read-only"))
     assert "timeout" == statuses(batch, "attack_swallow_everything")["1.1"]
@@ -1030,6 +1035,7 @@ def test_each_sandbox_has_its_own_process_limit_named_in_reasons():
 def test_the_sandbox_leaves_no_file_of_its_output_behind(tmp_path, monkeypatch):
     """Its output went to a log in the grader's /tmp, which a killed grader left there, up to 64 MiB."""
     import tempfile
+
     from course_lib.grading import session as grading_session
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     nb = nf.read(REPO / "exercises" / "01_naive_attention.ipynb")

@@ -11,11 +11,12 @@ import textwrap
 import numpy as np
 import pytest
 
-import notebook_factory as nf
-from conftest import REPO
 from course_lib import checks, cudacheck
 from course_lib.grading import kernels, pipeline, sandbox
 from course_lib.grading.submission import Course
+
+import notebook_factory as nf
+from conftest import REPO
 
 SOLUTION = REPO / "solutions" / "09_numba_cuda.ipynb"
 

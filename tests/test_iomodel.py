@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 import course_lib
 from course_lib import checks
 from course_lib.core import hardware
-from course_lib.models import iomodel, roofline, sram
 from course_lib.kernels.counted import run_counted
+from course_lib.models import iomodel, roofline, sram
 from course_lib.models.iomodel import SCHEDULES, attention_io
+
 from conftest import make_qkv
 
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]

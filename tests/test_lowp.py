@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 import course_lib
 from course_lib import checks
 from course_lib.core import rules
-from course_lib.lowp import conversion, fallback, formats, precision, overlap, study
+from course_lib.lowp import conversion, fallback, formats, overlap, precision, study
+
 from conftest import make_qkv
 
 E4M3 = ml_dtypes.float8_e4m3fn

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_lib.core.masks import EMPTY, FULL, PARTIAL, MaskSpec
-from course_lib.views.tilemap import plot_tile_map, tile_counts, tile_map_explorer
 from course_lib.core.varlen import cu_seqlens, pack, pad, unpack
+from course_lib.views.tilemap import plot_tile_map, tile_counts, tile_map_explorer
 
 
 def brute_visible(nq, nk, causal, align, window):

@@ -6,9 +6,10 @@ import pytest
 
 import course_lib
 from course_lib import attention
-from course_lib.decoder import dataset, custom_masks, kv_cache
+from course_lib.decoder import custom_masks, dataset, kv_cache
 from course_lib.decoder.split_kv import chunks, split_kv_decode
 from course_lib.decoder.transformer import DEFAULT_WEIGHTS, Transformer, as_tokens
+
 from conftest import make_qkv
 
 RECORD = DEFAULT_WEIGHTS.parent / "training.json"
@@ -172,9 +173,10 @@ def test_the_fallback_leaves_fp8_when_a_new_key_overflows_the_planned_scale(mode
     them): one new key 100 x larger than any before overflows e4m3 (448 x descale), which has no
     inf: the kernel would see NaN.  The fallback sees it and picks fp16, within the budget."""
     import ml_dtypes
+
     from course_lib import lowp
-    from course_lib.tools.evaluate import AUTO_BUDGET
     from course_lib.lowp.precision import cast_inputs
+    from course_lib.tools.evaluate import AUTO_BUDGET
     q, k, v = _captured_layer0(model, heldout[2048:2048 + 24])
     q = q[:, :, -1:]  # a decode step: the newest token's query against every cached key
     *_, planned = cast_inputs(q, k, v, "fp8")

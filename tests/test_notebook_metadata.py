@@ -39,8 +39,9 @@ def test_no_stored_output_is_an_unrenderable_widget_reference(path):
 
 
 def test_widget_output_keeps_its_figure_not_its_reference():
-    from course_lib.grading.authoring import WIDGET_VIEW, strip_widget_views
     from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from course_lib.grading.authoring import WIDGET_VIEW, strip_widget_views
 
     twin = new_output("display_data", data={WIDGET_VIEW: {"model_id": "m"}, "image/png": "iVBOR", "text/plain": "<fig>"})
     bare = new_output("display_data", data={WIDGET_VIEW: {"model_id": "n"}, "text/plain": "IntSlider(3)"})

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from course_lib.core import conventions
+
 from conftest import REPO
 
 NOTEBOOKS = sorted([*(REPO / "notebooks").glob("*.ipynb"), *(REPO / "solutions").glob("*.ipynb"),

@@ -14,10 +14,11 @@ import re
 import statistics
 
 import pytest
-from conftest import REPO
-from lectures import records as _records
 
 from course_lib import kernels
+
+from conftest import REPO
+from lectures import records as _records
 
 _spec = importlib.util.spec_from_file_location("results", REPO / "benchmarks" / "results.py")
 results = importlib.util.module_from_spec(_spec)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import course_lib
 from course_lib import checks
+
 from conftest import attention_problems, make_qkv
 from oracle import oracle_attention
 
@@ -242,9 +243,12 @@ def _bad_calls():
     cu = np.array([0, 1, 3])
     ck = np.array([0, 2, 5])
     yield "cu_float", lambda: course_lib.attention_varlen(qp, kp, vp, cu.astype(float), ck), TypeError, "cu_seqlens_q"
-    yield "cu_start", lambda: course_lib.attention_varlen(qp, kp, vp, cu, np.array([1, 2, 5])), ValueError, "cu_seqlens_k must start at 0"
-    yield "cu_order", lambda: course_lib.attention_varlen(qp, kp, vp, np.array([0, 2, 1, 3]), np.array([0, 1, 2, 5])), ValueError, "non-decreasing"
-    yield "cu_end", lambda: course_lib.attention_varlen(qp, kp, vp, np.array([0, 1, 2]), ck), ValueError, "end at the packed length"
+    yield ("cu_start", lambda: course_lib.attention_varlen(qp, kp, vp, cu, np.array([1, 2, 5])), ValueError,
+           "cu_seqlens_k must start at 0")
+    yield ("cu_order", lambda: course_lib.attention_varlen(qp, kp, vp, np.array([0, 2, 1, 3]), np.array([0, 1, 2, 5])),
+           ValueError, "non-decreasing")
+    yield ("cu_end", lambda: course_lib.attention_varlen(qp, kp, vp, np.array([0, 1, 2]), ck), ValueError,
+           "end at the packed length")
     yield "cu_batch", lambda: course_lib.attention_varlen(qp, kp, vp, cu, np.array([0, 5])), ValueError, "one batch"
     yield "varlen_rank", lambda: course_lib.attention_varlen(q, k, v, cu, ck), ValueError, "q must be 3-D"
 

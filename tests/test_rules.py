@@ -12,14 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import course_lib
-from course_lib import checks
+from course_lib import checks, kernels
 from course_lib.core import rules
 from course_lib.core.masks import MaskSpec, apply_softcap
 from course_lib.core.online_softmax import finalize, init_state, online_update
-from course_lib import kernels
 from course_lib.kernels import counted
 from course_lib.kernels.cpu_steps import tile as compiled
 from course_lib.models import iomodel, memory, sram
+
 from conftest import make_qkv
 
 masks = st.builds(

@@ -3,11 +3,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
-from course_lib.views import stepthrough  # noqa: E402
+from course_lib.views import stepthrough
 
 
 @pytest.fixture(autouse=True)

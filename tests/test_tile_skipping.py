@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from course_lib import api
+from course_lib.core.masks import MaskSpec
 from course_lib.core.options import AttentionOptions, call_forward
 from course_lib.kernels import flash_numpy
-from course_lib.core.masks import MaskSpec
 from course_lib.views.tilemap import tile_counts
+
 from conftest import make_qkv
 
 CASES = {

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core import rules
 from ..core.backward_options import call_backward
-from ..core.masks import MaskSpec, diagonal_offset
+from ..core.masks import MaskSpec
 from ..core.reference_backward import backward_math
 from ..kernels.backward_numpy import flash_backward
 from ..kernels.counted import SRAM, Chip, Traffic, traffic, traffic_of

@@ -382,7 +382,7 @@ def format_table(rows) -> str:
     """The preset table as fixed-width text (deterministic, for notebooks)."""
     lines = [f"{'machine':<50}{'dtype':<10}{'peak TFLOP/s':>13}{'TF32':>7}{'TB/s':>8}{'ridge F/B':>11}"
              f"{'SRAM KiB':>10}{'L2 MiB':>8}{'units':>7}  kind"]
-    blank = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+    blank = lambda x, fmt: "-" if x is None else format(x, fmt)
     for r in rows:
         lines.append(f"{r['name']:<50}{r['dtype']:<10}{r['peak_tflops']:>13.4g}{blank(r['tf32_tflops'], '.4g'):>7}"
                      f"{r['bandwidth_tbs']:>8.3g}{r['ridge']:>11.4g}{r['sram_kib']:>10.4g}"

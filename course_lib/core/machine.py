@@ -96,7 +96,7 @@ def gpu() -> dict:
         return {"kind": "simulator", "name": "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"}
     try:
         from numba import cuda
-    except Exception as exc:  # numba-cuda missing or broken
+    except Exception as exc:  # noqa: BLE001 -- numba-cuda missing or broken: reported, the report goes on
         return {"kind": "none", "name": f"numba.cuda unavailable ({type(exc).__name__}: {exc})"}
     try:
         if not cuda.is_available():
@@ -108,13 +108,13 @@ def gpu() -> dict:
         try:
             free, total = cuda.current_context().get_memory_info()
             info["memory_gib"] = round(total / 2**30, 1)
-        except Exception:
+        except Exception:  # noqa: BLE001 -- an optional detail: left out where the driver won't say
             pass
         try:
             major, minor = cuda.cudadrv.driver.driver.get_version()
             info["driver_cuda"] = f"{major}.{minor}"
-        except Exception:
+        except Exception:  # noqa: BLE001 -- an optional detail: left out where the driver won't say
             pass
         return info
-    except Exception as exc:  # a driver that is present but broken
+    except Exception as exc:  # noqa: BLE001 -- a driver that is present but broken: reported, not raised
         return {"kind": "none", "name": f"CUDA device unusable ({type(exc).__name__}: {exc})"}

@@ -32,7 +32,6 @@ import numpy as np
 
 from .reference import nan_lse_where_out_is_nan, safe_max  # safe_max: -inf -> 0, harmless when nothing was seen
 
-
 # -- the steps of chapter 04, on one row or a stack of rows -------------------------
 
 def safe_softmax(s, axis=-1):

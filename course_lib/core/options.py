@@ -146,8 +146,9 @@ def _descales(dtype, batch, heads_k, descales):
     given = [name for name in DESCALES if descales[name] is not None]
     if not rules.is_fp8(dtype):
         if given:
-            raise TypeError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to float8_e4m3fn inputs only; q, k and v are {dtype}: "
-                            f"leave them out, or quantise the inputs (course_lib.lowp.quantize)")
+            raise TypeError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to float8_e4m3fn "
+                            f"inputs only; q, k and v are {dtype}: leave them out, or quantise the inputs "
+                            f"(course_lib.lowp.quantize)")
         return None
     out = []
     for name in DESCALES:

@@ -65,8 +65,9 @@ that never comes is a ``barrier`` finding.  ``syncwarp(mask)`` is a barrier of
 the lanes its mask names, with the same rule, and orders their memory accesses;
 ``activemask()`` gives the lanes of the warp that reached that call together.
 ``MODELLED`` lists what of ``cuda`` a kernel may use.  Not modelled (each raises
-a clear error if a kernel uses it): dynamic shared memory, cooperative groups.  Its cost is a few microseconds per memory access: a tiled
-attention kernel on a 2 x 2 grid of 32 threads checks in a second or two.
+a clear error if a kernel uses it): dynamic shared memory, cooperative groups.
+Its cost is a few microseconds per memory access: a tiled attention kernel on a
+2 x 2 grid of 32 threads checks in a second or two.
 
 The modules, in the order a launch meets them: ``binding`` (the kernel's
 function rebound to ``fakecuda``, the ``cuda`` it sees, and to ``gpumath``),
@@ -82,9 +83,9 @@ holds this package alone.
 from __future__ import annotations
 
 from .binding import STANDIN, SourceKernel, python_function
+from .checked_launch import Launch
 from .fakecuda import MODELLED, WARP_SIZE
 from .grid import Dim3, dim3
-from .checked_launch import Launch
 from .memory import DeviceArray, TracedArray, Uninitialized, to_device, uninitialized
 from .report import KINDS, Finding, KernelError, Report
 

@@ -121,7 +121,7 @@ class _Atomic:
     def __init__(self, log):
         self._log = log
 
-    def _op(name, combine):  # noqa: N805 -- builds the methods below
+    def _op(name, combine):  # not a method: builds the methods below
         def op(self, ary, idx, val):
             return self._log.atomic(ary, idx, sys._getframe(1), lambda old: combine(old, val), name)
         op.__name__ = name

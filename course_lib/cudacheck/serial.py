@@ -56,7 +56,7 @@ class SimThread:
             self.state = "done"
         except _Abort:
             self.state = "aborted"
-        except BaseException as e:  # the learner's code raised: the scheduler reports it
+        except BaseException as e:  # noqa: BLE001 -- the learner's code raised: the scheduler reports it
             self.state, self.error = "error", e
         finally:
             scheduler.yielded.release()

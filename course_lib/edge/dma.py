@@ -117,7 +117,7 @@ def run_pipeline(q, k, v, *, block_k: int, buffers: int, dram: PacedDRAM, scale:
     for b in range(buffers):
         free.put(b)
     t0 = time.perf_counter()
-    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    clock = lambda: time.perf_counter() - t0
 
     def dma_engine():
         for j in range(n_tiles):

@@ -127,7 +127,7 @@ def float64_attention(q, k, v):
 def error_study(q, k, v, lut_bits=(4, 6, 8, 10)) -> dict:
     """Max abs error of the output against float64, one stage of the int8 pipeline at a time, and fp8 e4m3."""
     exact = float64_attention(q, k, v)
-    err = lambda out: float(np.max(np.abs(out - exact)))  # noqa: E731
+    err = lambda out: float(np.max(np.abs(out - exact)))
     rows = {"int8 scores, float softmax and P V": err(attention_int8_scores(q, k, v))}
     rows.update({f"+ {b}-bit exp table, Q16 P, int8 V": err(attention_int8(q, k, v, lut_bits=b, p_bits=16))
                  for b in lut_bits})

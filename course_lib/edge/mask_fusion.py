@@ -95,7 +95,7 @@ def mask_traffic(schedule: str, seqlen_q: int, seqlen_k: int, head_dim: int, *, 
     (``run_counted`` counts them exactly).
     """
     nq, nk, d, e = seqlen_q, seqlen_k, head_dim, itemsize
-    tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_k)
+    tr = math.ceil(nq / block_q)
     pairs = nq * nk
     reads = {"Q": nq * d * e, "K": tr * nk * d * e, "V": tr * nk * d * e}
     writes = {"O": nq * d * e}

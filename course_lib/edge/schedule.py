@@ -199,7 +199,7 @@ def plan_for(seqlen: int, head_dim: int, block_q: int, block_k: int, buffers: in
     """``attention_plan`` for a machine given by its four numbers: scratchpad bytes, DRAM B/s, seconds of
     setup per DMA transfer and multiply-adds per second."""
     e = rules.itemsize(dtype)
-    transfer = lambda nbytes: dma_setup + nbytes / bandwidth  # noqa: E731
+    transfer = lambda nbytes: dma_setup + nbytes / bandwidth
     budget = sram.tile_budget(block_q, block_k, head_dim, dtype, kv_stages=buffers)
     o_bytes = block_q * head_dim * e + block_q * 4  # O in the input dtype and lse in float32
     return AttentionPlan(

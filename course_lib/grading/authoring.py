@@ -308,7 +308,7 @@ def main(argv=None) -> int:
                 print(f"executing {path}", flush=True)
                 try:
                     execute(path)
-                except Exception as exc:  # report every broken notebook, not just the first
+                except Exception as exc:  # noqa: BLE001 -- report every broken notebook, not just the first
                     failed.append(path)
                     print(f"FAILED {path}:\n{exc}", file=sys.stderr)
             return 1 if failed else 0

@@ -166,8 +166,8 @@ def _run_course_cell(source, namespace):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             exec(compile(plain_python(source), "<course cell>", "exec"), namespace)
-        except Exception:
-            pass  # a course cell that needs the learner's code: the checks will say what is missing
+        except Exception:  # noqa: BLE001 -- a course cell that needs the learner's code: the checks say what is missing
+            pass
 
 
 def _check(run, source, namespace, course_bound, timeout):
@@ -188,7 +188,7 @@ def _check(run, source, namespace, course_bound, timeout):
         return stop.status, stop.reason
     except CheckFailed as exc:
         return "fail", one_line(exc) or "the check failed"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- whatever the check raised on the answer's values becomes its status
         if from_answer(exc) is not None:
             return answer_outcome(from_answer(exc), "answer, called by the check")
         if isinstance(exc, AssertionError):
@@ -204,7 +204,7 @@ def grade(path, course: Course, options: Options | None = None) -> Result:
     options = options or Options()
     try:
         return _grade(path, course, options)
-    except Exception as exc:  # a grader bug must not stop the other submissions
+    except Exception as exc:  # noqa: BLE001 -- a grader bug must not stop the other submissions
         return Result(str(path), "", [Row("*", "error", 0, 0, f"grader error ({type(exc).__name__}: {exc})")])
 
 
@@ -239,7 +239,7 @@ def _grade(path, course, options):
         decided = {ex.name: ("invalid", str(exc)) for ex in exercises}
     except sandbox.SandboxUnavailable as exc:
         decided = {ex.name: ("error", f"no sandbox: {exc}") for ex in exercises if ex.name not in decided}
-    except Exception as exc:  # a grader bug must not stop the other submissions
+    except Exception as exc:  # noqa: BLE001 -- a grader bug must not stop the other submissions
         decided = {ex.name: ("error", f"grader error ({type(exc).__name__}: {exc}); please report it")
                    for ex in exercises}
     note = "; ".join(notes)

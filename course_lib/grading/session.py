@@ -19,7 +19,6 @@ from . import kernels, sandbox, wire
 from .names import sandbox_setup
 from .submission import tags
 
-
 ALARM_GRACE = 1.0   # seconds past a deadline before the grader's own work is interrupted
 
 

@@ -173,7 +173,7 @@ def _check(request, buffers):
             written.append([i, arg.copy_to_host()])
         elif type(arg).__name__ == "ndarray" and arg.flags.writeable:
             written.append([i, arg])
-    as_ints = lambda t: None if t is None else [int(v) for v in t]  # noqa: E731
+    as_ints = lambda t: None if t is None else [int(v) for v in t]
     findings = [{"kind": f.kind, "message": f.message, "block": as_ints(f.block), "thread": as_ints(f.thread),
                  "array": f.array, "index": as_ints(f.index), "line": f.line, "count": f.count}
                 for f in report.findings]
@@ -230,7 +230,7 @@ def _serve():
                 reply.update(ok=True, value=wire.encode(NAMESPACE[request["name"]], out))
             else:
                 raise ValueError(f"unknown request {op!r}")
-        except BaseException as exc:  # the answer's exceptions are results, not the worker's end
+        except BaseException as exc:  # noqa: BLE001 -- the answer's exceptions are results, not the worker's end
             if isinstance(exc, SystemExit):
                 exc = RuntimeError(f"the answer called exit({exc.code!r})")
             reply, out = {"seq": _seq[0], "ok": False, "error": _error(exc)}, []

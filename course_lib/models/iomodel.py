@@ -162,7 +162,7 @@ def attention_io(schedule: str, seqlen_q: int, seqlen_k: int | None = None, head
                 writes.update(lse=nq * s)
             flops = 2 * area * (d + dv)
         exps = area
-    scale = lambda c: {k: v * bh for k, v in c.items()}  # noqa: E731
+    scale = lambda c: {k: v * bh for k, v in c.items()}
     return traffic(schedule, flops * bh, exps * bh, scale(reads), scale(writes))
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.hardware import GIGA, KiB, MEASURED, MiB, Figure, Hardware
-from ..core.rules import dtype_name
+from ..core.hardware import GIGA, MEASURED, Figure, Hardware, KiB, MiB
 from ..core.machine import cpu_model
+from ..core.rules import dtype_name
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import hardware
-from ..core import rules
+from ..core import hardware, rules
 
 SHARED, REGISTERS = "shared", "registers"
 ALWAYS, INNER, EPILOGUE = "always", "inner loop", "epilogue"
@@ -276,7 +275,7 @@ def draw_budget(ax, budget: TileBudget, hw, num_warps: int = 4):
         items = [it for it in budget.items if it.where == SHARED] + _peak_register_items(budget)
         bars = [(f"SRAM per {hw.unit_name}", items, float(hw.sram_per_unit), "capacity")]
     longest = max(max(sum(it.bytes for it in items), cap) for _, items, cap, _ in bars) / 1024
-    for row, (label, items, cap, cap_label) in enumerate(bars):
+    for row, (_label, items, cap, cap_label) in enumerate(bars):
         left = 0.0
         for it in items:
             width = it.bytes / 1024

@@ -19,13 +19,12 @@ it joins the group (the drill the tests and the lecture run).
 from __future__ import annotations
 
 import datetime
+import multiprocessing as mp
 import os
 import queue as queue_module
 import socket
 import time
 import traceback
-
-import multiprocessing as mp
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
@@ -89,7 +88,7 @@ def _rank_main(target, rank, world_size, port, device, timeout, fault, args, res
         results.put((rank, "ok", result))
     except BaseException:  # noqa: BLE001 - everything a rank raises is reported to the parent
         results.put((rank, "error", traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None   # the parent has the traceback
 
 
 def run_ranks(target, world_size, args=(), *, device="cpu", timeout=120.0, fault=None, startup_timeout=120.0):
@@ -139,16 +138,16 @@ def _collect(procs, results, world_size, timeout, startup_timeout):
                     _drain(results, done)
                     if r not in done:
                         raise RankFailed(f"rank {r} died with exit code {p.exitcode} and no report "
-                                         f"(killed, or a crash in native code); the run was stopped")
+                                         f"(killed, or a crash in native code); the run was stopped") from None
             if time.monotonic() > deadline:
                 if len(ready) < world_size:
                     late = [r for r in range(world_size) if r not in ready]
                     raise RankTimeout(f"ranks {late} did not join the process group within "
-                                      f"{startup_timeout:g} s; every rank was stopped")
+                                      f"{startup_timeout:g} s; every rank was stopped") from None
                 missing = [r for r in range(world_size) if r not in done]
                 raise RankTimeout(f"ranks {missing} did not finish within {timeout:g} s of starting (ranks "
                                   f"{sorted(done)} did); every rank was stopped. One rank that hangs holds up "
-                                  f"every rank that waits for it in a collective or a receive")
+                                  f"every rank that waits for it in a collective or a receive") from None
             continue
         if status == "ready":
             ready.add(rank)

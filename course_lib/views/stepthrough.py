@@ -18,9 +18,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from . import figstyle
 from ..core.online_softmax import finalize, init_state, online_update, safe_softmax
 from ..core.reference import safe_max
+from . import figstyle
 
 
 @dataclass

@@ -141,7 +141,7 @@ def tile_tail_fixed(k, out):
 @cuda.jit
 def shared_global_index_buggy(a, out):
     tile = cuda.shared.array(64, float32)
-    t, i = cuda.threadIdx.x, cuda.grid(1)
+    t, i = cuda.threadIdx.x, cuda.grid(1)  # noqa: F841 -- as in the fixed twin; the bug is not using t
     tile[i] = a[i]                   # the global index, not the thread's: past the tile from block 1 on
     cuda.syncthreads()
     out[i] = tile[i] + tile[i ^ 1]
