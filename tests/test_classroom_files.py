@@ -23,9 +23,8 @@ from conftest import REPO
 
 CLASSROOM = REPO / "classroom"
 sys.path.insert(0, str(CLASSROOM))
-import learner_start  # noqa: E402
-
 import coursework  # noqa: E402
+import learner_start  # noqa: E402
 import machine  # noqa: E402
 import service  # noqa: E402
 
