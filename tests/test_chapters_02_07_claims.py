@@ -9,6 +9,7 @@ import pytest
 
 from course_lib.models import iomodel, sram
 
+from conftest import REPO
 from lectures import markdown, output_of
 
 
@@ -71,3 +72,20 @@ def test_the_tile_size_explorer_draws_what_reaches_hbm_as_chapter_03_promises():
     heights = [bar.get_height() for bar in ax_io.patches]
     assert len(heights) == 3 and heights[2] == numbers.flash_levels.hbm_bytes / 2 ** 20
     assert "what reaches HBM while K and V" in markdown("03")
+
+
+def test_chapter_06_quotes_the_skipping_ratios_of_the_run_it_plots():
+    from course_lib import bench
+
+    run = bench.latest_run(bench.load_records(REPO / "notebooks/records/causal_skipping.jsonl",
+                                              benchmark="causal_skipping"))
+    full = {r["shape"][2]: r for r in run if not r["causal"]}
+    causal = {r["shape"][2]: r for r in run if r["causal"]}
+    ratios = [full[n]["time_s"] / causal[n]["time_s"] for n in sorted(full)]
+    limits = [1 / causal[n]["work_fraction"] for n in sorted(full)]
+    text = markdown("06")
+    assert f"run {run[0]['run']}" in text
+    quoted = re.search(r"sits a little below it, ([\d.]+)-([\d.]+)x against ([\d.]+)-([\d.]+)x", text).groups()
+    assert quoted == tuple(f"{x:.2f}" for x in (min(ratios), max(ratios), min(limits), max(limits)))
+    assert all(r < lim for r, lim in zip(ratios, limits))  # "a little below": never above what skipping can buy
+    assert "should halve the time, and we measure that it does" not in text and "how close a kernel comes" in text
