@@ -23,6 +23,9 @@ card, the driver, numba-cuda's version, the build path tried and what came of it
   global memory, one ``cp.async.bulk.tensor.2d`` of a 32 x 16 box into shared memory completing on an
   ``mbarrier`` (``arrive.expect_tx`` / ``try_wait.parity``); a box inside the tensor and one hanging over its
   corner (zero fill) against numpy.
+- ``tma_param_ptx``: CUDA C++'s way, the descriptor passed by value as a 64-byte aligned 128-byte kernel
+  parameter (what ``__grid_constant__`` gives): a kernel written in PTX by hand (Numba cannot declare such a
+  parameter), loaded with ``cuModuleLoadDataEx`` and launched with ``cuLaunchKernel`` from ctypes.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import traceback
 
 import numpy as np
 
-CHECKS = ("fence_jit", "fence_jit_warp", "fence_ptx_driver", "setmaxnreg", "wgmma", "tma")
+CHECKS = ("fence_jit", "fence_jit_warp", "fence_ptx_driver", "setmaxnreg", "wgmma", "tma", "tma_param_ptx")
 
 
 # -- what every record carries -------------------------------------------------------------
@@ -85,7 +88,7 @@ def _cubin_facts(cubin):
     """The architecture cuobjdump reads off a cubin and how many of Hopper's instructions its SASS holds."""
     facts = {}
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(bytes(cubin))
+        f.write(bytes(getattr(cubin, "code", cubin)))         # cuda.core's ObjectCode holds the bytes in .code
         path = f.name
     try:
         sass = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, timeout=60).stdout
@@ -589,6 +592,99 @@ def ptx_offline(out_dir):
             os.unlink(f.name)
             line.append(f"ptxas {arch}: rc {r.returncode} {r.stderr.strip()[:200]}")
         print(" | ".join(line))
+
+
+TMA_PARAM_PTX = r"""
+.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry tma_param(.param .align 64 .b8 tmap[128], .param .u64 out, .param .u32 x0, .param .u32 y0)
+{
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<8>;
+    .reg .pred %p<4>;
+    .reg .f32 %f<2>;
+    .shared .align 128 .b8 box[2048];
+    .shared .align 8 .b64 bar;
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, bar;
+    mov.u32 %r3, box;
+    mov.u64 %rd1, tmap;
+    cvta.param.u64 %rd1, %rd1;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra SYNC;
+    mbarrier.init.shared::cta.b64 [%r2], 1;
+    fence.mbarrier_init.release.cluster;
+SYNC:
+    bar.sync 0;
+    @%p1 bra WAIT;
+    mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r2], 2048;
+    ld.param.u32 %r4, [x0];
+    ld.param.u32 %r5, [y0];
+    cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%r3], [%rd1, {%r4, %r5}], [%r2];
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r2], 0;
+    @!%p2 bra WAIT;
+    ld.param.u64 %rd2, [out];
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u32 %r6, %r1;
+LOOP:
+    shl.b32 %r7, %r6, 2;
+    add.u32 %r8, %r3, %r7;
+    ld.shared.f32 %f1, [%r8];
+    mul.wide.u32 %rd3, %r6, 4;
+    add.u64 %rd4, %rd2, %rd3;
+    st.global.f32 [%rd4], %f1;
+    add.u32 %r6, %r6, 128;
+    setp.lt.u32 %p3, %r6, 512;
+    @%p3 bra LOOP;
+    ret;
+}
+"""
+
+
+def check_tma_param_ptx():
+    from numba import cuda
+    W, H, BW, BH = TMA_W, TMA_H, TMA_BOX_W, TMA_BOX_H
+    rng = np.random.default_rng(12)
+    src = rng.standard_normal((H, W)).astype(np.float32)
+    d_src = cuda.to_device(src)
+    rc, desc = encode_tiled_2d(d_src.device_ctypes_pointer.value, W, H, BW, BH)
+    out = {"tried": "hand-written PTX kernel, .param .align 64 .b8 tmap[128] (by value, cvta.param to a generic "
+                    "address), cuModuleLoadDataEx + cuLaunchKernel through ctypes; [1,128]",
+           "encode_rc": rc, "boxes": {}}
+    lib = _libcuda()
+    load_rc, mod, log = _load_ptx(TMA_PARAM_PTX)
+    out["load_rc"] = load_rc
+    if rc != 0 or load_rc != 0:
+        out["load_log"] = log[-600:]
+        out["pass"] = False
+        return out
+    fn = ctypes.c_void_p()
+    out["getfunction_rc"] = lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"tma_param")
+    ok = True
+    for x0, y0 in ((32, 16), (48, 56)):
+        res = cuda.to_device(np.full(BW * BH, np.nan, np.float32))
+        tmap = (ctypes.c_uint64 * 16)(*[int(w) for w in desc])
+        outp = ctypes.c_uint64(res.device_ctypes_pointer.value)
+        cx, cy = ctypes.c_uint32(x0), ctypes.c_uint32(y0)
+        params = (ctypes.c_void_p * 4)(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in (tmap, outp, cx, cy)])
+        v = {"launch_rc": lib.cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, 0, None, params, None),
+             "sync_rc": lib.cuCtxSynchronize()}
+        if v["launch_rc"] == 0 and v["sync_rc"] == 0:
+            got = res.copy_to_host().reshape(BH, BW)
+            ref = np.zeros((BH, BW), np.float32)
+            part = src[y0:y0 + BH, x0:x0 + BW]
+            ref[:part.shape[0], :part.shape[1]] = part
+            v["pass"] = bool(np.array_equal(got, ref))
+        else:
+            v["pass"] = False
+        out["boxes"][f"x0={x0},y0={y0}"] = v
+        ok &= v["pass"]
+        if not v["pass"] and v["sync_rc"] != 0:
+            break
+    out["pass"] = ok
+    return out
 
 
 # -- driver ----------------------------------------------------------------------------------------------------
