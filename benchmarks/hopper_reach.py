@@ -689,9 +689,9 @@ def check_tma_param_ptx():
 
 # -- driver ----------------------------------------------------------------------------------------------------
 
-def run_one(name, out_path):
+def run_one(name, out_path, run):
     t0 = time.time()
-    rec = {"benchmark": "hopper_reach", "check": name}
+    rec = {"run": run, "benchmark": "hopper_reach", "check": name}
     try:
         rec["environment"] = environment()
         rec.update(globals()[f"check_{name}"]())
@@ -712,6 +712,7 @@ def main():
     p.add_argument("--out", default="notebooks/records/hopper_reach.jsonl")
     p.add_argument("--checks", nargs="*", default=list(CHECKS), choices=CHECKS)
     p.add_argument("--one", choices=CHECKS, help=argparse.SUPPRESS)
+    p.add_argument("--run", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=float, default=120)
     p.add_argument("--ptx", metavar="DIR", help="no GPU: compile each kernel to sm_90a PTX in DIR and run ptxas")
     a = p.parse_args()
@@ -719,14 +720,15 @@ def main():
         ptx_offline(a.ptx)
         return
     if a.one:
-        run_one(a.one, a.out)
+        run_one(a.one, a.out, a.run)
         return
+    run = time.strftime("%Y%m%dT%H%M%S+0000", time.gmtime())
     for name in a.checks:
         try:
-            subprocess.run([sys.executable, __file__, "--one", name, "--out", a.out], timeout=a.timeout)
+            subprocess.run([sys.executable, __file__, "--one", name, "--out", a.out, "--run", run], timeout=a.timeout)
         except subprocess.TimeoutExpired:
             with open(a.out, "a") as f:
-                f.write(json.dumps({"benchmark": "hopper_reach", "check": name, "pass": False,
+                f.write(json.dumps({"run": run, "benchmark": "hopper_reach", "check": name, "pass": False,
                                     "error": f"timed out after {a.timeout} s (a wait that never completed)"}) + "\n")
             print(f"FAIL {name}: timed out after {a.timeout} s", flush=True)
 
