@@ -48,8 +48,9 @@ CHECKS = ("fence_jit", "fence_jit_warp", "fence_ptx_driver", "setmaxnreg", "wgmm
 # -- what every record carries -------------------------------------------------------------
 
 def environment():
-    from numba import cuda
     import importlib.metadata as md
+
+    from numba import cuda
     dev = cuda.get_current_device()
     name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
     drv = ctypes.c_int()
@@ -114,7 +115,7 @@ def _library_facts(kernel, sig):
         facts.update(_cubin_facts(cubin))
         try:
             facts["linker_info"] = str(lib.get_linkerinfo(cc))[-400:]
-        except Exception:                                    # the log is a nicety, not the finding
+        except Exception:  # noqa: BLE001 - the log is a nicety, not the finding
             pass
     return facts
 
@@ -262,12 +263,12 @@ def check_fence_jit(threads=128):
         k[1, threads](flag)
         cuda.synchronize()
         out["ran"] = bool(flag.copy_to_host()[0] == 1)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
         out["ran"] = False
         out["error"] = f"{type(e).__name__}: {e}"[:600]
     try:
         out.update(_library_facts(k, sig))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
         out["facts_error"] = f"{type(e).__name__}: {e}"[:300]
     out["pass"] = out["ran"]
     return out
@@ -290,7 +291,7 @@ def _load_ptx(ptx):
 
 
 def check_fence_ptx_driver():
-    from numba import cuda, types
+    from numba import cuda
     ops = _intrinsics()
     fence = ops["wgmma_fence_commit_wait"]
 
@@ -342,12 +343,12 @@ def check_setmaxnreg():
         regs[1, 256](flag)
         cuda.synchronize()
         out["ran"] = bool(flag.copy_to_host()[0] == 1)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
         out["ran"] = False
         out["error"] = f"{type(e).__name__}: {e}"[:600]
     try:
         out.update(_library_facts(regs, sig))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
         out["facts_error"] = f"{type(e).__name__}: {e}"[:300]
     out["pass"] = out["ran"]
     return out
@@ -445,7 +446,7 @@ def check_wgmma():
             v["same_values_any_order"] = bool(np.allclose(np.sort(flat), np.sort(ref.ravel()), rtol=1e-3, atol=1e-3))
             v["pass"] = v["rel_err"] is not None and v["rel_err"] < 1e-3
             ok |= v["pass"]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
             v["pass"] = False
             v["error"] = f"{type(e).__name__}: {e}"[:600]
             out["variants"][name] = v
@@ -455,7 +456,7 @@ def check_wgmma():
         from numba import types
         sig = (types.uint32[::1], types.uint32[::1], types.uint64, types.uint64, types.float32[::1])
         out.update(_library_facts(wgmma_kernel, sig))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
         out["facts_error"] = f"{type(e).__name__}: {e}"[:300]
     out["pass"] = ok
     return out
@@ -543,7 +544,7 @@ def check_tma():
             ref[:part.shape[0], :part.shape[1]] = part
             v["max_abs_err"] = float(np.nanmax(np.abs(got - ref))) if np.isfinite(got).all() else None
             v["pass"] = bool(np.array_equal(got, ref))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
             v["pass"] = False
             v["error"] = f"{type(e).__name__}: {e}"[:600]
         out["boxes"][f"x0={x0},y0={y0}"] = v
@@ -554,7 +555,7 @@ def check_tma():
         from numba import types
         sig = (types.uint64[::1], types.float32[::1], types.int32, types.int32)
         out.update(_library_facts(tma_kernel, sig))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
         out["facts_error"] = f"{type(e).__name__}: {e}"[:300]
     out["pass"] = ok
     return out
@@ -695,7 +696,7 @@ def run_one(name, out_path, run):
     try:
         rec["environment"] = environment()
         rec.update(globals()[f"check_{name}"]())
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe records what failed, whatever it was
         rec["pass"] = False
         rec["error"] = f"{type(e).__name__}: {e}"[:800]
         rec["traceback"] = traceback.format_exc()[-1500:]
