@@ -183,8 +183,9 @@ CALLS = threading.RLock()
 
 
 def _never_nan(out, q, k, v):
-    """Finite inputs give a finite output, or the call is refused: a NaN here means the scores overflowed."""
-    if np.all(np.isfinite(out)):
+    """Finite inputs give a finite output, or the call is refused: a NaN here means the scores overflowed.
+    (A forward that returns no array, such as a lecture's function that only plans a launch, is not checked.)"""
+    if not isinstance(out, np.ndarray) or np.all(np.isfinite(out)):
         return out
     if all(np.all(np.isfinite(x)) for x in (q, k, v)):
         big = max(float(np.max(np.abs(x.astype(np.float64)))) for x in (q, k))
