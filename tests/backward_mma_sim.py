@@ -22,6 +22,8 @@ from course_lib.kernels.tensor_cores import backward as tb
 from course_lib.kernels.tensor_cores import mma
 from course_lib.kernels.tensor_cores import sim as mma_sim
 
+from conftest import make_qkv
+
 SMALL = tb.BackwardTiling(warps=2, Bi=16)
 tb.default_tiling = lambda kind, D, Dv: SMALL
 
@@ -41,7 +43,7 @@ def run_case(name, seed=0):
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     options = with_slopes(options)
     rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal(s).astype(dt) for s in ((B, H, Nq, D), (B, Hk, Nk, D), (B, Hk, Nk, Dv)))
+    q, k, v = make_qkv(rng, B, H, Hk, Nq, Nk, D, Dv, dt)
     out, lse = course_lib.attention(q, k, v, impl="reference", return_lse=True, **options)
     out, lse = out.astype(dt), lse.astype(np.float32)
     dout = rng.standard_normal(out.shape).astype(dt)

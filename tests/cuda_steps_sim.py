@@ -16,13 +16,12 @@ from course_lib.bench.timing import verdict
 from course_lib.core import rules
 from course_lib.kernels import cuda_steps as cs
 
+from conftest import make_qkv
+
 
 def problem(B, H, Hk, Nq, Nk, D, Dv, seed):
     """Read-only inputs, as a check cell hands them: a kernel must never write them."""
-    rng = np.random.default_rng(seed)
-    return checks.readonly(rng.standard_normal((B, H, Nq, D)).astype(np.float32),
-                           rng.standard_normal((B, Hk, Nk, D)).astype(np.float32),
-                           rng.standard_normal((B, Hk, Nk, Dv)).astype(np.float32))
+    return checks.readonly(*make_qkv(seed, B, H, Hk, Nq, Nk, D, Dv, np.float32))
 
 
 def run_case(impl, name, seed=0):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import course_lib
-from course_lib.kernels import flash_numba_cpu
+from course_lib.kernels.cpu_steps import scipy_openblas
 
 from conftest import make_qkv
 
@@ -82,9 +82,9 @@ def test_nan_inputs_still_give_nan_not_an_error():
     assert np.isnan(out).any()
 
 
-@pytest.mark.skipif(flash_numba_cpu.scipy_openblas() is None, reason="SciPy's OpenBLAS not found")
+@pytest.mark.skipif(scipy_openblas() is None, reason="SciPy's OpenBLAS not found")
 def test_two_threads_calling_a_compiled_impl_get_its_answer_and_leave_blas_threads_alone():
-    blas = flash_numba_cpu.scipy_openblas()
+    blas = scipy_openblas()
     before = blas.scipy_openblas_get_num_threads()
     q, k, v = problem(Nq=200, Nk=300, D=32)
     want = course_lib.attention(q, k, v, impl="flash_numba_cpu", causal=True)

@@ -11,17 +11,17 @@ from course_lib.core import rules
 from course_lib.core.options import attention_options
 from course_lib.kernels import cpu_steps as fnc
 
+from conftest import make_qkv
+
 STEP_IMPLS = ["flash_numba_cpu_microkernel", "flash_numba_cpu_blas", "flash_numba_cpu_rowvec",
               "flash_numba_cpu_balanced", "flash_numba_cpu_tuned", "flash_numba_cpu_exp2", "flash_numba_cpu_wide",
               "flash_numba_cpu_scratch", "flash_numba_cpu"]
 
 
 def qkv(shape_q, shape_kv, dv=None, dtype=np.float32, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal(shape_q).astype(dtype)
-    k = rng.standard_normal(shape_kv).astype(dtype)
-    v = rng.standard_normal(shape_kv[:3] + (dv or shape_kv[3],)).astype(dtype)
-    return q, k, v
+    """conftest's make_qkv, given q's and k's shapes."""
+    (batch, heads, nq, d), (_, heads_k, nk, _) = shape_q, shape_kv
+    return make_qkv(seed, batch, heads, heads_k, nq, nk, d, dv or shape_kv[3], dtype)
 
 
 @pytest.mark.parametrize("impl", ["reference", "naive", "flash_numpy", "flash_numba_cpu"])

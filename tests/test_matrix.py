@@ -14,6 +14,8 @@ import pytest
 import course_lib
 from course_lib import checks, kernels
 
+from conftest import make_qkv
+
 HEAD_DIMS = [1, 16, 59, 64, 111, 128]
 DTYPES = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16]
 # (Nq, Nk, block_q, block_k): tails, Nq > Nk, Nq < Nk, Nk smaller than one tile, decode
@@ -55,10 +57,7 @@ def cases():
 def test_impl_matches_reference(impl, head_dim, mask, dtype, bucket, heads):
     nq, nk, block_q, block_k = BUCKETS[bucket]
     h, hk = HEADS[heads]
-    rng = np.random.default_rng(head_dim * 1000 + nq * 10 + nk)
-    q = rng.standard_normal((2, h, nq, head_dim)).astype(dtype)
-    k = rng.standard_normal((2, hk, nk, head_dim)).astype(dtype)
-    v = rng.standard_normal((2, hk, nk, head_dim)).astype(dtype)
+    q, k, v = make_qkv(head_dim * 1000 + nq * 10 + nk, 2, h, hk, nq, nk, head_dim, dtype=dtype)
     options = dict(MASKS[mask])
     if options.pop("alibi", False):
         options["alibi_slopes"] = np.linspace(0.02, 0.5, 2 * h).reshape(2, h)
