@@ -260,3 +260,50 @@ def test_chapter_16_knows_split_kv_decode_was_measured_in_chapter_10():
     for d in {r["D"] for r in sweep}:
         mine = sorted((r for r in sweep if r["D"] == d), key=lambda r: r["splits"])
         assert mine[0]["splits"] == 1 and min(r["median_ms"] for r in mine) < mine[0]["median_ms"] / 2
+
+
+# -- chapter 11 -------------------------------------------------------------------------------------
+
+def test_chapter_11_names_fa3s_ablation_rows_as_table_2_does():
+    from course_lib.lowp import overlap
+
+    rows = overlap.PUBLISHED["ablation_rows"]
+    assert rows["pingpong"] == "no GEMM-softmax pipelining, with warp specialization"
+    assert rows["intra"] == "GEMM-softmax pipelining, no warp specialization"
+    out = output_of("11", "l11-38")
+    assert all(rows[name] in out for name in ("pingpong", "intra"))
+
+
+def test_chapter_11_says_fa2_copies_with_cp_async_and_lacks_tma_wgmma_and_warp_specialisation():
+    cell_text = text("11", "l11-39")
+    assert "synchronous copies" not in cell_text
+    assert all(word in cell_text for word in ("`cp.async`", "TMA", "`wgmma`", "warp specialisation"))
+
+
+def test_chapter_11_puts_3xtf32s_spills_where_ptxas_found_them():
+    runs = records("ptxas_resources", step="mma_3xtf32")
+    d128 = [r["spill_stores"] for r in runs if r["D"] == 128]
+    fastest_d64 = [r["spill_stores"] for r in runs if r["D"] == 64 and r["tiling"]["warps"] == 8
+                   and r["tiling"]["Bc"] == 32 and r["tiling"]["stages"] == 1 and not r["tiling"]["ldmatrix"]]
+    low, high = quoted(r"at D = 128 every tiling spills \((\d+)-(\d+) bytes a thread", text("11", "l11-51"))
+    assert min(d128) > 0 and (int(low), int(high)) == (min(d128), max(d128))
+    assert fastest_d64 == [0] and "spills nothing" in text("11", "l11-51")
+    assert "pays in spills at every tiling" not in markdown("11")
+
+
+def test_chapter_11_judges_decode_by_its_bytes_against_the_card_and_fa2():
+    run = records("gpu_mma", run="20261206T074745+0000", benchmark="gpu_mma_decode")
+    ours = {r["splits"]: r["median_s"] for r in run if r["impl"] == "cuda_mma_f16" and r["tiling"]["warps"] == 1}
+    peer = {r["impl"]: r["median_s"] for r in run if r["impl"].startswith("torch")}
+    B, H, Nk, D = run[0]["B"], run[0]["H"], run[0]["Nk"], run[0]["D"]
+    kv_bytes = B * H * Nk * D * 2 * 2                          # K and V, fp16, one K / V head per query head
+    cell = text("11", "b71f2a0b")
+    assert f"moves {kv_bytes / 1e9:.2f} GB" in cell
+    assert f"32 pieces ran {ours[32] * 1e3:.3f} ms, {kv_bytes / ours[32] / 1e12:.2f} TB/s" in cell
+    assert f"({kv_bytes / ours[32] / 3.35e12:.0%} of the datasheet)" in cell
+    assert f"FlashAttention-2's {kv_bytes / peer['torch_sdpa_flash'] / 1e12:.2f} TB/s" in cell
+    assert f"cuDNN's {kv_bytes / peer['torch_sdpa_cudnn'] / 1e12:.2f} TB/s" in cell
+    assert f"({peer['torch_sdpa_flash'] / ours[32]:.2f}x FlashAttention-2)" in cell
+    assert f"would need {4 * kv_bytes / ours[1] / 1e12:.2f} TB/s" in cell and 4 * kv_bytes / ours[1] > 3.35e12
+    assert f"64 pieces: {kv_bytes / ours[64] / 1e12:.2f}" in cell and ours[64] > ours[32]
+    assert "no longer makes more pieces slower" not in markdown("11")

@@ -44,6 +44,11 @@ PUBLISHED = {
     # table 2 (BF16, head dim 128, seqlen 8K): FlashAttention-3; no GEMM-softmax pipelining with
     # warp specialization; GEMM-softmax pipelining without warp specialization
     "ablation_tflops": {"pingpong_intra": 661, "pingpong": 582, "intra": 570},
+    # the rows as table 2 names them: warp specialisation is the producer / consumer split (which the
+    # ping-pong between consumer warpgroups needs); GEMM-softmax pipelining is the intra-warpgroup overlap
+    "ablation_rows": {"pingpong_intra": "FlashAttention-3",
+                      "pingpong": "no GEMM-softmax pipelining, with warp specialization",
+                      "intra": "GEMM-softmax pipelining, no warp specialization"},
 }
 PUBLISHED_SOURCE = "Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608): abstract and table 2"
 
