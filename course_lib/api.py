@@ -37,8 +37,15 @@ def attention(q, k, v, *, impl="reference", causal=False, causal_align="bottom_r
     Returns out (batch, heads, seqlen_q, head_dim_v) in q's dtype, and with
     ``return_lse`` also lse (batch, heads, seqlen_q), natural log.
 
+    ``block_q`` / ``block_k`` are honoured by every CPU impl.  Two kinds of impl
+    cannot take any size: the tensor-core impls (``cuda_mma_*``) run warps of 16
+    query rows on key tiles their tiling fixes, so they refuse both and take
+    ``tiling=MmaTiling(...)`` through ``kernels.tensor_cores``; ``flash_numba_cuda``
+    keeps its K and V tiles in 48 KB of static shared memory, so a ``block_k`` that
+    does not fit (128 at head dim 59) is refused, naming the largest that does.
+
     float8_e4m3fn inputs (FlashAttention-3's FP8 forward; impls reference,
-    naive, flash_numpy, flash_numba_cpu) need ``q_descale``, ``k_descale`` and
+    naive, flash_numpy and the flash_numba_cpu steps) need ``q_descale``, ``k_descale`` and
     ``v_descale``, each (batch, heads_k): a value is its float8 value times its
     descale.  S and the softmax are float32, P is rounded to e4m3 before P V,
     and out is float32 (``core.rules.out_dtype``).

@@ -120,3 +120,15 @@ def test_two_threads_under_numbas_workqueue_layer_do_not_abort_the_process():
     env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "2"}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0 and "done" in run.stdout, run.stderr[-2000:]
+
+
+def test_fa1s_fp8_refusal_names_itself_and_the_impls_that_take_fp8():
+    q, k, v = (x.astype(FP8) for x in problem())
+    scale = np.ones((1, 2))
+    with pytest.raises(TypeError, match="flash_numpy_fa1.*use its FA2-order twin flash_numpy"):
+        course_lib.attention(q, k, v, impl="flash_numpy_fa1", q_descale=scale, k_descale=scale, v_descale=scale)
+
+
+def test_the_api_says_which_impls_cannot_take_any_block_size():
+    doc = course_lib.attention.__doc__
+    assert "cuda_mma_" in doc and "MmaTiling" in doc and "flash_numba_cuda" in doc and "48 KB" in doc

@@ -314,7 +314,8 @@ def flash_forward(q, k, v, opts, mask: MaskSpec, loop_order="fa2", stats: TileSt
     if loop_order not in LOOP_ORDERS:
         raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {loop_order!r}")
     if loop_order != "fa2" and opts.descale is not None:
-        raise TypeError("float8_e4m3fn inputs run in FA2's loop order only (impl flash_numpy)")
+        raise TypeError("impl flash_numpy_fa1 (FA1's loop order) takes no float8_e4m3fn inputs: use its FA2-order "
+                        "twin flash_numpy, or reference, naive or flash_numba_cpu, with the same descales")
     Br, Bc = tile_sizes(opts, *DEFAULT_TILES["flash_numpy"])
     stats = TileStats() if stats is None else stats
     mem = Memory(stats) if mem is None else mem
