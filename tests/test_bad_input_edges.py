@@ -132,3 +132,24 @@ def test_fa1s_fp8_refusal_names_itself_and_the_impls_that_take_fp8():
 def test_the_api_says_which_impls_cannot_take_any_block_size():
     doc = course_lib.attention.__doc__
     assert "cuda_mma_" in doc and "MmaTiling" in doc and "flash_numba_cuda" in doc and "48 KB" in doc
+
+
+def test_two_threads_calling_the_cuda_simulator_get_its_answer():
+    script = (
+        "import threading, numpy as np, course_lib\n"
+        "rng = np.random.default_rng(0)\n"
+        "q, k, v = (rng.standard_normal((1, 1, n, 8)).astype(np.float32) for n in (5, 7, 7))\n"
+        "want = course_lib.attention(q, k, v, impl='reference')\n"
+        "errors = []\n"
+        "def call():\n"
+        "    try:\n"
+        "        out = course_lib.attention(q, k, v, impl='flash_numba_cuda', block_q=4, block_k=4)\n"
+        "        assert np.allclose(out, want, atol=1e-5)\n"
+        "    except Exception as error:\n"
+        "        errors.append(repr(error))\n"
+        "ts = [threading.Thread(target=call) for _ in range(2)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print('errors', errors)\n")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0 and "errors []" in run.stdout, (run.stdout + run.stderr)[-2000:]
