@@ -127,6 +127,18 @@ def test_the_readmes_syllabus_counts_the_exercises_in_solutions():
     assert total and (int(total[1]), int(total[2])) == (sum(counts.values()), len(counts))
 
 
+def test_chapter_00_orients_a_newcomer_to_every_chapter_and_set():
+    from lectures import text
+
+    orientation = text("00", "l00-02")
+    rows = re.findall(r"\| (\d\d) \| ", orientation)
+    assert rows == [f"{n:02d}" for n in range(17)]
+    counts = _exercises()
+    sets = re.search(r"one exercise set per chapter (\d\d)-(\d\d) \((\d+) graded exercises\)", orientation)
+    assert sets and (int(sets[1]), int(sets[2]), int(sets[3])) == (min(counts), max(counts), sum(counts.values()))
+    assert "lecture only" not in orientation
+
+
 def test_the_readme_quotes_no_measurement():
     """Measured figures live in benchmarks/README.md, rendered from the records, not in the README."""
     readme = (REPO / "README.md").read_text()
