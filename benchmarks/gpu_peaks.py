@@ -24,28 +24,20 @@ import shutil
 import subprocess
 
 from course_lib import bench
-from course_lib.bench import ncu
+from course_lib.bench import ncu, peers
 
 SHAPE = dict(B=2, H=16, N=8192, D=128)            # chapter 02's plotted shape
 NCU_SEQLENS = (4096, 16384)                        # chapter 03's ncu shapes (B = 2, H = 16, D = 128)
 NCU_METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum"]
-BACKENDS = {"torch_sdpa_cudnn": "CUDNN_ATTENTION", "torch_sdpa_flash": "FLASH_ATTENTION",
-            "torch_sdpa_efficient": "EFFICIENT_ATTENTION"}
-RUNS_ON = {"torch_sdpa_cudnn": "cuDNN, fp16 tensor cores", "torch_sdpa_flash": "FlashAttention-2, fp16 tensor cores",
-           "torch_sdpa_efficient": "CUTLASS memory-efficient, fp16 tensor cores"}
+PEERS = ("torch_sdpa_cudnn", "torch_sdpa_flash", "torch_sdpa_efficient")   # bench.peers' SDPA backends
 
 
 def sdpa_call(impl, N, B=SHAPE["B"], H=SHAPE["H"], D=SHAPE["D"]):
+    """Peer ``impl`` (``bench.peers.torch_calls``) on fp16 inputs of chapter 02's shape, non-causal."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
-    backend = getattr(SDPBackend, BACKENDS[impl])
-
-    def call():
-        with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    return call
+    return peers.torch_calls(q, k, v, causal=False)[impl]
 
 
 def ceilings(repeats):
@@ -79,7 +71,7 @@ def measure(out, repeats):
             f.write(dict(kind="ceiling", measure=name, value=value, unit=unit, **detail, environment=env))
             rows.append(f"{name:22s} {value / 1e12:8.2f} T{unit}")
     B, H, N, D = SHAPE["B"], SHAPE["H"], SHAPE["N"], SHAPE["D"]
-    for impl in BACKENDS:
+    for impl in PEERS:
         try:
             call = sdpa_call(impl, N)
             t, times = bench.cuda_time_it(call, repeats)
@@ -88,7 +80,8 @@ def measure(out, repeats):
             continue
         rec = bench.append_record(out, benchmark="gpu_peaks", impl=impl, shape=(B, H, N, N, D), dtype="float16",
                                   time_s=t, run=run, env=env, layer="kernel", device=env["gpu"],
-                                  runs_on=RUNS_ON[impl], repeats=repeats, min_ms=min(times), max_ms=max(times))
+                                  runs_on=peers.peer_runs_on(impl, "float16"), repeats=repeats,
+                                  min_ms=min(times), max_ms=max(times))
         rows.append(f"{impl:22s} {rec['tflops']:8.1f} TFLOP/s  ({t * 1e3:.3f} ms)")
         torch.cuda.empty_cache()
     print(f"run {run} on {env['gpu']}")
@@ -122,7 +115,8 @@ def profile(out, run, env, impl="torch_sdpa_flash"):
                 continue
             dram = sum(r["dram__bytes_read.sum"] + r["dram__bytes_write.sum"] for r in rows)
             l2 = sum(r["lts__t_bytes.sum"] for r in rows)
-            f.write(dict(kind="ncu", impl=impl, runs_on=RUNS_ON[impl], dtype="float16", B=B, H=H, Nq=N, Nk=N, D=D,
+            f.write(dict(kind="ncu", impl=impl, runs_on=peers.peer_runs_on(impl, "float16"), dtype="float16",
+                         B=B, H=H, Nq=N, Nk=N, D=D,
                          causal=False, dram_bytes=dram, l2_bytes=l2, kernels=rows,
                          how="ncu --clock-control none --profile-from-start off, one call after warm-up",
                          environment=env))
