@@ -114,6 +114,19 @@ def test_a_check_asks_only_for_answer_names_it_reads():
     assert names.asked_names(check, names.course_names(nb)) == {"squares", "n_bytes", "limit"}
 
 
+def test_a_checks_own_parameters_are_never_asked_for():
+    # a class's methods and a function nested in a function take parameters (self, row, a, causal) that an
+    # answer may also bind at its top level: fetching them would hand the check the answer's value (or fail)
+    nb = _cells("import numpy as np",
+                "answer:a = {'x': 1}\ndef score(n):\n    return n",
+                "check:class Core:\n    def load(self, row, start):\n        return row[start] + lanes\n"
+                "    def mac(self, acc, a, b):\n        return acc + a * b\n"
+                "def counted(config):\n    def counting(q, k, v, causal):\n        return helper(q, causal)\n"
+                "    def helper(x, flag):\n        return x\n    return counting\n"
+                "score(Core().mac(0, 1, 2))")
+    assert names.asked_names(nb.cells[-1].source, names.course_names(nb)) == {"score", "lanes"}
+
+
 def test_numpy_strings_cross_as_str_and_slice_bounds_as_ints():
     assert type(roundtrip(np.str_("compute-bound"))) is str and roundtrip(np.str_("x")) == "x"
     back = roundtrip(slice(np.int64(2), np.intp(8), np.int32(2)))

@@ -9,6 +9,8 @@
 - ``kernels``: a learner's CUDA kernels, taken from the answer's text and checked apart;
 - ``sandbox``, ``worker``, ``wire``: the sandbox a submission runs in, the process
   inside it, and the plain data that crosses between them;
+- ``seccomp``: the system calls a sandbox may not make (memory outside its processes,
+  new sessions, kernel keys, namespaces), as the filter bubblewrap loads;
 - ``nbval_record``: a pytest plugin that records each notebook cell's outcome.
 
 A learner never needs to open this package.

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from . import sandbox
-from .pipeline import DEFAULT_TIMEOUT, NoSandbox, Options, Result, expand_unknown, grade_all
+from .pipeline import DEFAULT_TIMEOUT, NoSandbox, Options, Result, expand_unknown, grade_all, plain_line
 from .submission import Course
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -40,17 +40,27 @@ def format_result(result: Result) -> str:
     width = max([8] + [len(r.exercise) for r in result.rows])
 
     def line(exercise, status, points, reason=""):
-        return f"  {exercise:<{width}}  {status:<8}  {points:>9}  {reason}".rstrip()
+        return f"  {exercise:<{width}}  {status:<8}  {points:>9}  {plain_line(reason)}".rstrip()
 
     got, out_of = result.total
     return "\n".join(
-        [f"{result.submission}  [{result.exercise_set or 'unknown exercise set'}]",
+        [f"{plain_line(result.submission)}  [{result.exercise_set or 'unknown exercise set'}]",
          line("exercise", "status", "points", "reason")]
         + [line(r.exercise, r.status, f"{r.points} / {r.max_points}", r.reason) for r in result.rows]
         + [line("total", "", f"{got} / {out_of}")])
 
 
 CSV_COLUMNS = ["submission", "exercise_set", "exercise", "status", "points", "max_points", "reason"]
+FORMULA_START = ("=", "+", "-", "@")   # what makes a spreadsheet read a cell as a formula
+
+
+def csv_cell(value):
+    """A value for the CSV: text as one plain line, and one a spreadsheet would read as a formula
+    (``=HYPERLINK(...)``, a submission named ``-1+1.ipynb``) behind a quote, as OWASP advises."""
+    if type(value) is not str:
+        return value
+    text = plain_line(value, width=1000)
+    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 def write_csv(results, path):
@@ -59,8 +69,8 @@ def write_csv(results, path):
         writer.writerow(CSV_COLUMNS)
         for result in results:
             for r in result.rows:
-                writer.writerow([result.submission, result.exercise_set, r.exercise, r.status,
-                                 r.points, r.max_points, r.reason])
+                writer.writerow([csv_cell(v) for v in (result.submission, result.exercise_set, r.exercise, r.status,
+                                                         r.points, r.max_points, r.reason)])
 
 
 def main(argv=None) -> int:
@@ -74,8 +84,8 @@ def main(argv=None) -> int:
                     "submission was graded, whatever the scores.  Submissions are never modified.",
         epilog="statuses: pass (the check's points), fail (the check said no, or still a stub), "
                "error (another exception, or the answer's process died), timeout, tampered (an edited check "
-               "cell or stored check output), invalid (not a notebook of this course, or the answer cell is "
-               "gone).  All but pass score 0.")
+               "cell or stored check output), invalid (not a notebook of this course, the answer cell is "
+               "gone or over 64 KiB, or the file is a symbolic or hard link: refused).  All but pass score 0.")
     parser.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION.ipynb",
                         help="notebooks to grade (never modified; a path given twice is graded once)")
     parser.add_argument("--csv", type=Path, metavar="OUT",

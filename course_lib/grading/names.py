@@ -88,9 +88,11 @@ class _Flow(ast.NodeVisitor):
     def _scope(self, node, name=None):
         for child in getattr(node, "decorator_list", []) + list(getattr(getattr(node, "args", None), "defaults", []) or []):
             self.visit(child)
+        # names local to the scope or to a scope inside it: assigned, a parameter of any function or
+        # method in it (a class's methods have theirs too), or a function or class defined in it
         inner = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-        if hasattr(node, "args"):
-            inner |= {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        inner |= {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
+        inner |= {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
         for n in ast.walk(node):
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in inner:
                 self.read(n.id)

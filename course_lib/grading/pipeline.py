@@ -34,20 +34,30 @@ What it does, and why:
   wall-clock deadlines over the grader's own work too (a check's loop over what
   an answer returned), not only over the sandbox's replies.  An answer that
   hangs or kills its process scores ``timeout`` / ``error`` and the sandbox is
-  started again without it, so it costs only its own exercise.
+  started again without it, so it costs only its own exercise; a process that dies while
+  earlier answers ran in it runs the exercise again with its own answer alone.
+- What the grader itself reads of a submission is bounded: an answer cell's size
+  (``MAX_ANSWER_BYTES``), a reply's header (``wire.MAX_HEADER``, ``wire.MAX_VALUES``).
+  Every reason is one printable line (``plain_line``): text an answer chose (an exception's
+  name) neither starts a row of the table nor a formula in the CSV.
+- A symbolic or hard link among the submissions is refused (it may name anyone's file,
+  the course's solutions included), and a pool worker ends with the grader (``die_with``).
 - A submission is never modified.
 
 Statuses per exercise: ``pass`` (the check cell ran clean: its points),
 ``fail`` (the check said no, or the answer is still a stub), ``error`` (any
 other exception, or the answer's process died), ``timeout``, ``tampered``
 (its check cell or stored check output was edited) and ``invalid`` (not a
-notebook of this course, or the answer cell is gone).  All but ``pass`` score 0.
+notebook of this course, the answer cell is gone or too large, or a link
+refused).  All but ``pass`` score 0.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,11 +65,32 @@ from pathlib import Path
 from . import sandbox
 from .names import asked_names, course_cells, course_names, needed_cells
 from .session import Run, Stop, answer_outcome, from_answer, one_line
-from .submission import Course, Invalid, exercises_of, find_tampering, load_submission, match_cells, source_text
+from .submission import (
+    Course,
+    Invalid,
+    exercises_of,
+    find_tampering,
+    load_submission,
+    match_cells,
+    refusal,
+    source_text,
+)
 from .worker import plain_python
 
 DEFAULT_TIMEOUT = 120          # seconds for an exercise's answer cells, and again for its check
+# An answer cell is read here (``kernels.extract`` parses it) as well as run: its size bounds the
+# grader's own memory and time on it. The course's longest answer cell is about 2.3 KiB.
+MAX_ANSWER_BYTES = 64 * 2**10
 STATUSES = ("pass", "fail", "error", "timeout", "tampered", "invalid")
+REASON_CHARS = 300             # a reason carries text an answer chose (an exception's name and message)
+
+
+def plain_line(text, width=REASON_CHARS) -> str:
+    """``text`` as one line of at most ``width`` printable characters: newlines, carriage returns,
+    tabs, line separators and other control or format characters become spaces, so no text an
+    answer chose can start a row of the table or the CSV, or turn the text around."""
+    line = "".join(ch if ch.isprintable() else " " for ch in str(text)).strip()
+    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 @dataclass
@@ -70,12 +101,16 @@ class Row:
     max_points: int
     reason: str = ""
 
+    def __post_init__(self):
+        self.reason = plain_line(self.reason)   # whatever made it, an answer's text among it
+
 
 @dataclass
 class Result:
     submission: str
     exercise_set: str
     rows: list = field(default_factory=list)
+    seconds: float = 0.0       # how long grading it took (not in the reports: it depends on the machine)
 
     @property
     def total(self):
@@ -155,11 +190,27 @@ def _run_cells(pristine, run, by_check, namespace, decided, course_bound, timeou
             if decided[ex.name][0] == "tampered":
                 run.exec_answer(ex)  # later answers may build on it, as in the learner's kernel
             continue
-        failed = run.exec_answer(ex)
-        if failed:
-            decided[ex.name] = failed
-            continue
-        decided[ex.name] = _check(run, cell.source, namespace, course_bound, timeout)
+        decided[ex.name] = _exercise(run, ex, cell.source, namespace, course_bound, timeout)
+
+
+def _exercise(run, ex, source, namespace, course_bound, timeout):
+    """(status, reason) of one exercise: its answer cells, then its check.
+
+    An answer's process that dies while earlier answers ran in it may have been ended by one of
+    them (a thread, a patched worker): the exercise then runs again, in a sandbox of its own answer
+    alone, and that outcome stands, so each exercise is charged only for its own answer."""
+    run.died = False
+    outcome = run.exec_answer(ex) or _check(run, source, namespace, course_bound, timeout)
+    earlier = [entry for entry in run.replay if entry[0] != ex.name]
+    if not run.died or not earlier:
+        return outcome
+    run.stop()
+    run.replay, run.died = [], False
+    try:
+        return run.exec_answer(ex) or _check(run, source, namespace, course_bound, timeout)
+    finally:
+        run.stop()   # the next exercise starts again with every answer that ran
+        run.replay = earlier + run.replay
 
 
 def _run_course_cell(source, namespace):
@@ -202,13 +253,19 @@ def _check(run, source, namespace, course_bound, timeout):
 def grade(path, course: Course, options: Options | None = None) -> Result:
     """Grade one submission; never raises, whatever is wrong with the submission."""
     options = options or Options()
+    start = time.monotonic()
     try:
-        return _grade(path, course, options)
+        result = _grade(path, course, options)
     except Exception as exc:  # noqa: BLE001 -- a grader bug must not stop the other submissions
-        return Result(str(path), "", [Row("*", "error", 0, 0, f"grader error ({type(exc).__name__}: {exc})")])
+        result = Result(str(path), "", [Row("*", "error", 0, 0, f"grader error ({type(exc).__name__}: {exc})")])
+    result.seconds = time.monotonic() - start
+    return result
 
 
 def _grade(path, course, options):
+    refused = refusal(path)
+    if refused:
+        return Result(str(path), "", [Row("*", "invalid", 0, 0, refused)])
     try:
         sub = load_submission(path)
         name = course.identify(sub)
@@ -228,9 +285,16 @@ def _grade(path, course, options):
                                                f"exercises/{name}.ipynb")
         if all(ex.name in decided for ex in exercises):
             raise Invalid(f"no answer cell of {name} found: work in a copy of exercises/{name}.ipynb")
+        answers = {i: source_text(matched[i].get("source")) for ex in exercises for i in ex.answer_ids if i in matched}
+        for ex in exercises:
+            size = max([len(answers[i].encode("utf-8", "replace")) for i in ex.answer_ids if i in answers] or [0])
+            if size > MAX_ANSWER_BYTES and ex.name not in decided:   # never run, never read again
+                decided[ex.name] = ("invalid", f"the answer cell of {ex.name} is {size // 2**10} KiB, over the "
+                                               f"{MAX_ANSWER_BYTES // 2**10} KiB an answer cell may have: compute "
+                                               "large data in the cell instead of writing it out")
+                answers = {i: text for i, text in answers.items() if i not in ex.answer_ids}
         for owner, reason in find_tampering(matched, pristine, course).items():
             decided.setdefault(owner, ("tampered", reason))
-        answers = {i: source_text(matched[i].get("source")) for ex in exercises for i in ex.answer_ids if i in matched}
         fresh = options.fresh_inputs
         salt = None if not fresh else fresh if type(fresh) is int else secrets.randbits(63)
         run_checks(pristine, answers, exercises, decided, options.limits, options.timeout, options.trusted, salt,
@@ -267,9 +331,20 @@ def expand_unknown(results, course: Course, exercise_set=None):
         if not r.exercise_set and len(r.rows) == 1 and r.rows[0].exercise == "*":
             why = r.rows[0]
             r = Result(r.submission, name, [Row(ex.name, why.status, 0, ex.points, why.reason)
-                                            for ex in exercises_of(course.notebook(name))])
+                                            for ex in exercises_of(course.notebook(name))], r.seconds)
         out.append(r)
     return out
+
+
+def die_with(grader_pid):
+    """Make this pool worker end with the grader, however the grader ends (SIGTERM, SIGKILL): the
+    kernel sends it SIGKILL then (its sandboxes end with it: ``--die-with-parent``). A grader that
+    ended before this ran has left it to another parent: it ends now."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    if os.getppid() != grader_pid:
+        os._exit(1)
 
 
 def grade_all(paths, course: Course, options: Options | None = None, jobs=1):
@@ -291,6 +366,7 @@ def grade_all(paths, course: Course, options: Options | None = None, jobs=1):
         from concurrent.futures import ProcessPoolExecutor
         from functools import partial
         # spawn, not fork: a forked child cannot run numba's threaded kernels once the parent has
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=die_with, initargs=(os.getpid(),)) as pool:
             results = list(pool.map(partial(grade, course=course, options=options), [originals[p] for p in unique]))
     return results

@@ -7,20 +7,32 @@ On Linux the worker (``worker.py``) runs under bubblewrap:
   ``course_lib`` (a copy installed in site-packages is hidden under an empty
   tmpfs), no checkout, no ``solutions/``;
 - a private ``/tmp`` (a small tmpfs) is the only place it can write;
-- no network, its own PID, IPC and UTS namespaces, a new session, and it dies
-  with the grader (``--die-with-parent``): every process it starts ends with it;
+- no network, its own PID, IPC and UTS namespaces, one session it cannot
+  leave, and it dies with the grader (``--die-with-parent``): every process it
+  starts ends with it;
+- a seccomp filter (``seccomp.py``) refuses what would hold memory outside its
+  processes (memfds, System V and POSIX IPC, sockets, io_uring), kernel keys, new
+  namespaces and mounts, and new sessions;
+- bubblewrap starts with an empty environment: nothing of the grader's is readable
+  inside, not even in ``/proc/1/environ`` of bubblewrap's own init;
 - a uid of its own: a grader running as root drops each sandbox to a uid
   that no other sandbox running at the same time has (``SANDBOX_UIDS``, claimed
   with a lock) with ``setpriv`` (all capabilities gone, no new privileges), so
   the per-user process limit is the sandbox's alone; any other user maps its
   uid to 65534 in a user namespace of the sandbox's own, and the process limit
   is set inside it, where the kernel counts that sandbox's processes alone;
-- limits on address space, CPU seconds, processes, file size; a thread of the
-  grader's watches the sandbox's processes for as long as it lives and ends it
-  when all of them together hold more memory, or more processes and threads,
-  than its limits; it bounds every message it reads and the time of every request,
-  however fast the data comes;
+- limits on address space, CPU seconds, processes, open files, file size; a thread
+  of the grader's watches the sandbox's processes for as long as it lives and ends
+  it when all of them together hold more resident memory, more processes and
+  threads, or more CPU time than its limits; it bounds every message it reads and
+  the time of every request, however fast the data comes;
 - its output goes nowhere: no file of the grader's fills, nothing stays.
+
+No cgroup is used (``seccomp.py`` says why).  What bounds a sandbox's memory is the watch over
+its processes' resident memory, the sizes of its two tmpfs (``/tmp``, ``/dev/shm``), few open
+files (so few, small pipes) and the filter; what shares the CPU between sandboxes graded at once
+is the kernel's per-session scheduling (autogroup: ``/proc/sys/kernel/sched_autogroup_enabled``),
+a sandbox being one session, and the watch bounds the CPU time of all its processes together.
 
 The grader acts on nothing the sandbox says but the plain data of its
 replies: it kills only the process it started, by its own handle.
@@ -42,7 +54,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import wire
+from . import seccomp, wire
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_UID = 65534                        # inside a user namespace (a grader that is not root)
@@ -53,8 +65,9 @@ WATCH_SECONDS = 0.25                       # how often the grader looks at a san
 @dataclass
 class Limits:
     memory_bytes: int = 4 * 2**30   # address space of each process, and memory of all of them together
-    cpu_seconds: int = 600          # CPU time of each process (wall time is bounded per request)
+    cpu_seconds: int = 600          # CPU time of each process, and of all of them together (wall time: per request)
     processes: int = 256            # processes and threads of one sandbox
+    open_files: int = 128           # open files of each process (pipes and tmpfs files are the memory left open)
     file_bytes: int = 64 * 2**20    # largest file it may write
     tmp_bytes: int = 64 * 2**20     # size of its private /tmp
 
@@ -101,10 +114,12 @@ def interpreter() -> str:
                         os.path.basename(sys.executable))
 
 
-def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False, uid=SANDBOX_UID):
+def _bwrap_argv(in_fd, out_fd, limits: Limits, userns: bool, kernels=False, uid=SANDBOX_UID,
+                filter_fd=None):
     import course_lib  # only to hide it where it is installed
 
-    argv = [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+    argv = [bwrap(), *(["--seccomp", str(filter_fd)] if filter_fd is not None else []),
+            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--clearenv", "--proc", "/proc", "--dev", "/dev",
             # the private /tmp first: a Python or .venv that lives under /tmp (a checkout there) is
             # bound on top of it below, instead of being hidden by it
@@ -170,7 +185,7 @@ def available() -> bool:
     """Whether a bubblewrap sandbox starts here (tried once per process)."""
     if "ok" not in _PROBED:
         ok = False
-        if sys.platform.startswith("linux") and bwrap():
+        if sys.platform.startswith("linux") and bwrap() and seccomp.supported():
             try:
                 with Session(Limits(), trusted=False) as session:
                     ok = session.exec(["x = 1"], timeout=60) == {"x": "data"}
@@ -185,12 +200,17 @@ def why_unavailable() -> str:
     Python that does not start inside it."""
     if not bwrap():
         return "bubblewrap (bwrap) is not installed"
+    if not seccomp.supported():
+        return f"the sandbox's seccomp filter is written for {' and '.join(seccomp.NUMBERS)}, not {seccomp.machine()}"
     userns = ["--unshare-user"] if os.geteuid() != 0 else []
+    fd = seccomp.program_fd()   # a kernel without seccomp filters says so here
     try:
-        tried = subprocess.run([bwrap(), *userns, "--unshare-pid", "--ro-bind", "/", "/", "true"],
-                               capture_output=True, text=True, timeout=30)
+        tried = subprocess.run([bwrap(), *userns, "--seccomp", str(fd), "--unshare-pid", "--ro-bind", "/", "/", "true"],
+                               capture_output=True, text=True, timeout=30, pass_fds=(fd,))
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bubblewrap is installed but does not start here ({exc})"
+    finally:
+        os.close(fd)
     if tried.returncode != 0:
         said = (tried.stderr.strip().splitlines() or [f"exit status {tried.returncode}"])[-1]
         return f"bubblewrap is installed but does not start here ({said})"
@@ -214,33 +234,40 @@ class Session:
         # too); anyone else becomes 65534 inside a user namespace of their own
         self.userns = os.geteuid() != 0 if userns is None else userns
         self.uid, self._uid_lock = None, None
-        self.seen = {"memory": 0, "threads": 0}   # the most the watch saw the sandbox's processes hold
+        self.seen = {"memory": 0, "threads": 0, "cpu": 0.0}   # the most the watch saw its processes hold
         self._over = ""                            # why the watch ended the sandbox
         self._closed = threading.Event()
         to_worker_r, self._to_worker = os.pipe()
         self._from_worker, from_worker_w = os.pipe()
+        passed = [to_worker_r, from_worker_w]
         try:
             in_fd, out_fd = to_worker_r, from_worker_w
             if trusted:
-                argv = _plain_argv(in_fd, out_fd, kernels)
+                argv, env = _plain_argv(in_fd, out_fd, kernels), None
             else:
                 if not bwrap():
                     raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
+                if not seccomp.supported():
+                    raise SandboxUnavailable(why_unavailable())
                 if not self.userns:
                     self.uid, self._uid_lock = _claim_uid()
+                passed.append(seccomp.program_fd())
                 argv = _bwrap_argv(in_fd, out_fd, limits, self.userns, kernels,
-                                   SANDBOX_UID if self.uid is None else self.uid)
+                                   SANDBOX_UID if self.uid is None else self.uid, passed[-1])
+                # bubblewrap's init keeps the environment it was started with (its /proc/1/environ):
+                # start it with none, the sandbox's own is set with --setenv
+                env = {}
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                close_fds=True, pass_fds=(in_fd, out_fd), preexec_fn=self._child_limits, start_new_session=True)
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                close_fds=True, pass_fds=passed, preexec_fn=self._child_limits, start_new_session=True)
         except BaseException:
             os.close(self._to_worker)
             os.close(self._from_worker)
             self._release_uid()
             raise
         finally:
-            os.close(to_worker_r)
-            os.close(from_worker_w)
+            for fd in passed:
+                os.close(fd)
         self._buffer = bytearray()
         self._seq = 0
         self._instruments = []
@@ -249,7 +276,8 @@ class Session:
     def _child_limits(self):
         limits = self.limits
         for kind, value in ((resource.RLIMIT_AS, limits.memory_bytes), (resource.RLIMIT_CPU, limits.cpu_seconds),
-                            (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CORE, 0)):
+                            (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CORE, 0),
+                            (resource.RLIMIT_NOFILE, limits.open_files)):
             resource.setrlimit(kind, (value, value))
         # Counted per real user: as root, for this sandbox's own uid after setpriv (root itself is
         # never held to it). In a user namespace, prlimit sets it inside (_bwrap_argv).
@@ -266,11 +294,18 @@ class Session:
     def _watch(self):
         """Every ``WATCH_SECONDS``, in a thread of the grader's, for as long as the sandbox lives, even
         while the grader is busy with a check: end the sandbox when its processes together hold more
-        memory, or more processes and threads, than its limits (the next request says why)."""
+        memory, more processes and threads, or more CPU time than its limits (the next request says why).
+
+        CPU time counts the processes alive and those their parents reaped; a process reaped by a parent
+        that ignores SIGCHLD takes its time along, so a RLIMIT_CPU of the same value bounds each one too."""
         while not self._closed.wait(WATCH_SECONDS) and self.proc.poll() is None:
-            memory, threads = _tree_usage(self.proc.pid)
+            memory, threads, cpu = _tree_usage(self.proc.pid)
             self.seen["memory"], self.seen["threads"] = max(self.seen["memory"], memory), max(self.seen["threads"], threads)
-            if memory > self.limits.memory_bytes:
+            self.seen["cpu"] = max(self.seen["cpu"], cpu)
+            if cpu > self.limits.cpu_seconds:
+                self._over = (f"its processes used {cpu:.1f} s of CPU time together, over the sandbox's limit of "
+                              f"{self.limits.cpu_seconds:g} s")
+            elif memory > self.limits.memory_bytes:
                 self._over = (f"its processes held {memory / 2**30:.1f} GB together, over the sandbox's limit of "
                               f"{self.limits.memory_bytes / 2**30:g} GB (--memory)")
             elif threads > self.limits.processes + 4:   # bwrap's own processes besides the sandbox's
@@ -352,13 +387,10 @@ class Session:
     def _message(self, deadline):
         import struct
         (length,) = struct.unpack("!Q", self._read(8, deadline))
-        if length > wire.MAX_MESSAGE:
-            raise wire.WireError("the sandbox sent a message over the size limit")
-        import json
-        try:
-            header = json.loads(self._read(length, deadline).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise wire.WireError("the sandbox sent a malformed message") from None
+        if length > wire.MAX_HEADER:   # refused before a byte of it is read
+            raise wire.WireError(f"a reply's header of {length / 2**20:.0f} MiB, over the "
+                                 f"{wire.MAX_HEADER // 2**20} MiB a reply may have")
+        header = wire.header_of(self._read(length, deadline))
         sizes = header.get("sizes") if type(header) is dict else None
         if type(sizes) is not list or not all(type(s) is int and s >= 0 for s in sizes) \
                 or sum(sizes) + length > wire.MAX_MESSAGE:
@@ -426,9 +458,12 @@ class Session:
         return {str(k)[:200]: v for k, v in names.items() if v in ("callable", "data")}
 
     def call(self, name, args, kwargs, timeout=60.0):
+        import numpy as np
+
         buffers = []
+        # the check's np.errstate holds for the answer's arithmetic too, as it would in one process
         header = {"op": "call", "name": name, "args": wire.encode(tuple(args), buffers, remote=self._remote),
-                  "kwargs": wire.encode(dict(kwargs), buffers, remote=self._remote)}
+                  "kwargs": wire.encode(dict(kwargs), buffers, remote=self._remote), "errstate": np.geterr()}
         reply, data = self._request(header, buffers, timeout=timeout)
         return wire.decode(reply.get("value"), data)
 
@@ -516,9 +551,10 @@ def _uids_running() -> set:
 
 
 def _tree_usage(root_pid):
-    """(resident bytes, processes and threads) of ``root_pid`` and every process under it."""
+    """(resident bytes, processes and threads, CPU seconds) of ``root_pid`` and every process under it
+    (the CPU time of the children they reaped included)."""
     children, usage = {}, {}
-    page = os.sysconf("SC_PAGE_SIZE")
+    page, tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -530,18 +566,19 @@ def _tree_usage(root_pid):
         fields = stat[stat.rfind(b")") + 2:].split()   # after "pid (comm) "
         try:
             ppid, threads, rss = int(fields[1]), int(fields[17]), int(fields[21])
+            ticks = sum(int(f) for f in fields[11:15])   # utime, stime, cutime, cstime
         except (IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-        usage[int(entry)] = (rss * page, threads)
-    memory = threads = 0
+        usage[int(entry)] = (rss * page, threads, ticks / tick)
+    memory = threads = cpu = 0
     todo, seen = [root_pid], set()
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        rss, n = usage.get(pid, (0, 0))
-        memory, threads = memory + rss, threads + n
+        rss, n, seconds = usage.get(pid, (0, 0, 0))
+        memory, threads, cpu = memory + rss, threads + n, cpu + seconds
         todo.extend(children.get(pid, []))
-    return memory, threads
+    return memory, threads, cpu

@@ -129,6 +129,7 @@ class Run:
         self.names = {}           # what the answers defined, by kind
         self.kernels = {}         # the answers' @cuda.jit functions: name -> their cell's kernels.Kernels
         self.session = None
+        self.died = False            # the answers' sandbox died since the exercise began (pipeline._exercise)
         self.kernel_session = None   # the kernel sandbox, started by the first check of a kernel
         self.deadline_at = None      # when the running check must end (time.monotonic())
         self.check_limit = f"the {timeout:g} s of its check"
@@ -235,6 +236,7 @@ class Run:
             stop()
             raise Stop("timeout", self.out_of_time(f"{what} ran longer than {limit}")) from None
         except (sandbox.Died, EOFError, OSError) as exc:
+            self.died = self.died or not kernel
             stop()
             why = getattr(exc, "reason", "") or "a crash, or a limit on memory, CPU time or processes"
             raise Stop("error", f"the {'kernel' if kernel else 'answer'}'s process died ({why})") from None
@@ -360,7 +362,8 @@ class Run:
                 for found in {id(k): k for k in self.kernels.values()}.values():
                     if not any(found.problems.values()):  # only source that passed every rule is defined
                         self.kernel_session.define(found.source, found.names, timeout=left)
-            reply = self.kernel_session.check_kernel(name, griddim, blockdim, encoded, timeout=left)
+            # what is left now: starting the sandbox and defining the kernels took some of it
+            reply = self.kernel_session.check_kernel(name, griddim, blockdim, encoded, timeout=self.check_left())
             if type(reply) is dict and type(reply.get("kernel_error")) is dict:
                 error = reply["kernel_error"]
                 exc = rebuilt({"types": ["RuntimeError"], "name": "KernelError",

@@ -57,7 +57,7 @@ def read_file(path: Path, limit=MAX_NOTEBOOK_BYTES) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes; ``Invalid`` for anything else (a FIFO,
     a device, a folder), without ever waiting on it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise Invalid(f"not a readable notebook ({type(exc).__name__}: {str(exc)[:200]})") from None
     try:
@@ -106,6 +106,22 @@ def exercises_of(nb) -> list:
             ex = found.setdefault(name, Exercise(name, [], "", 0))
             ex.check_id, ex.points = cell.id, int(course_meta(cell).get("points", 0))
     return list(found.values())
+
+
+def refusal(path) -> str:
+    """Why ``path`` is refused as a learner's submission ("" if it is not): a symbolic link or a
+    hard link, another name of a file that may be anyone's (the course's solutions/ included)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return ""   # reading it says what is wrong
+    if stat.S_ISLNK(info.st_mode):
+        return ("refused: a symbolic link, not a submission; submissions must be regular files: "
+                "put a copy of the notebook itself among them")
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        return (f"refused: a hard link (this file has {info.st_nlink} names), not a submission of its own; "
+                "put a copy of the notebook itself among the submissions")
+    return ""
 
 
 class Course:

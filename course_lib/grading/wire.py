@@ -18,6 +18,10 @@ import struct
 import numpy as np
 
 MAX_MESSAGE = 256 * 2**20   # bytes in one message (header and arrays together)
+# The JSON header is parsed whole, at tens of bytes of Python objects per value ("{}," is 3 bytes
+# and a dict): its size and its number of values bound what a message costs the grader's memory.
+MAX_HEADER = 8 * 2**20      # bytes of the JSON header
+MAX_VALUES = 10**6          # values in it ({, [ and , counted: at most this many containers and items)
 MAX_DEPTH = 20              # nesting of tuples, lists and dicts
 SCALAR_TYPES = (type(None), bool, int, float, str)
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -179,6 +183,21 @@ def pack(header: dict, buffers=()) -> bytes:
     return body
 
 
+def header_of(text: bytes):
+    """The JSON header of a message, parsed only if it is small enough to parse; WireError if not."""
+    if len(text) > MAX_HEADER:
+        raise WireError(f"a reply's header of {len(text) / 2**20:.0f} MiB, over the {MAX_HEADER // 2**20} MiB "
+                        "a reply may have")
+    values = text.count(b",") + text.count(b"[") + text.count(b"{")
+    if values > MAX_VALUES:
+        raise WireError(f"a reply's header of about {values} values, over the {MAX_VALUES} values a reply may have "
+                        "(send numbers in bulk as a numpy array)")
+    try:
+        return json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise WireError(f"bad message header: {exc}") from None
+
+
 def _read_exactly(stream, n):
     data = b""
     while len(data) < n:
@@ -192,12 +211,9 @@ def _read_exactly(stream, n):
 def unpack(stream):
     """(header, buffers) of the next message on a binary stream; WireError if malformed."""
     (length,) = struct.unpack("!Q", _read_exactly(stream, 8))
-    if length > MAX_MESSAGE:
+    if length > MAX_HEADER:
         raise WireError("message header over the limit")
-    try:
-        header = json.loads(_read_exactly(stream, length).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WireError(f"bad message header: {exc}") from None
+    header = header_of(_read_exactly(stream, length))
     sizes = header.get("sizes") if type(header) is dict else None
     if type(sizes) is not list or not all(type(n) is int and n >= 0 for n in sizes) or sum(sizes) + length > MAX_MESSAGE:
         raise WireError("bad message sizes")

@@ -116,6 +116,16 @@ def _rebuilt(error):
     return kind(error.get("message", ""))
 
 
+def _errstate(modes):
+    """numpy's floating-point error handling as the grader's check has it around the call."""
+    import numpy as np
+
+    known = ("ignore", "warn", "raise", "print")   # "call" and "log" need a handler the grader cannot send
+    modes = {k: v for k, v in (modes if type(modes) is dict else {}).items()
+             if k in ("divide", "over", "under", "invalid") and v in known}
+    return np.errstate(**modes)
+
+
 def _kind(value):
     return "callable" if callable(value) else "data"
 
@@ -178,6 +188,7 @@ def _check(request, buffers):
                  "array": f.array, "index": as_ints(f.index), "line": f.line, "count": f.count}
                 for f in report.findings]
     return {"report": {"findings": findings, "intervals": report.intervals, "traffic": dict(report.traffic),
+                       "prefetch_intervals": report.prefetch_intervals,
                        "griddim": as_ints(report.griddim), "blockdim": as_ints(report.blockdim)},
             "written": written}
 
@@ -224,7 +235,8 @@ def _serve():
             elif op == "call":
                 args = wire.decode(request.get("args"), buffers, remote=Remote)
                 kwargs = wire.decode(request.get("kwargs"), buffers, remote=Remote)
-                value = NAMESPACE[request["name"]](*args, **kwargs)
+                with _errstate(request.get("errstate")):
+                    value = NAMESPACE[request["name"]](*args, **kwargs)
                 reply.update(ok=True, value=wire.encode(value, out))
             elif op == "get":
                 reply.update(ok=True, value=wire.encode(NAMESPACE[request["name"]], out))
