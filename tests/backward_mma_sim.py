@@ -35,6 +35,8 @@ CASES = {
                                                       "alibi_slopes": [0.5, 0.1]}, "float16"),
     "empty_rows": (1, 1, 1, 12, 9, 4, 4, {"window_size": (0, 0), "causal_align": "top_left"}, "float16"),
     "aligned_causal": (1, 1, 1, 48, 64, 8, 8, {"causal": True}, "float16"),   # tiles away from every tail
+    # many more queries than keys: ALiBi's bias runs to about 200, rebased it stays small
+    "alibi_far_from_the_diagonal_mqa": (1, 2, 1, 64, 3, 8, 8, {"alibi_slopes": [3.0, 0.9]}, "float16"),
 }
 
 

@@ -218,6 +218,35 @@ def test_each_source_alone_and_the_exact_recipe():
     assert r["fp16 P alone"]["out_max"] < r["fp8 P alone"]["out_max"]
 
 
+def test_fa3s_recipe_shifts_p_by_2_to_the_8_and_lse_takes_it_back():
+    """hopper/softmax.h: Max_offset = 8 for fp8, subtracted from the row max before exp2, so P lies in
+    [0, 256]; finalize divides the row sum by 2**8 before lse's log."""
+    fa3, plain = study.RECIPES["fp8 FA3"], study.RECIPES["fp8"]
+    assert fa3.p_shift == study.FA3_MAX_OFFSET == 8 and plain.p_shift == 0
+    assert (fa3.inputs, fa3.p) == (plain.inputs, plain.p) == ("float8_e4m3fn", "float8_e4m3fn")
+    assert study.flush_below(fa3) == 2.0 ** -18 and study.flush_below(plain) == 2.0 ** -10
+    q, k, v = study.study_inputs(np.random.default_rng(21), seqlen_k=2048, seqlen_q=16)
+    r = study.measure(q, k, v, {"shifted": study.SOURCES["fp8 FA3 P alone"], "plain": study.SOURCES["fp8 P alone"]})
+    assert r["shifted"]["lse_max"] < 1e-12      # the 2**8 is taken back out of lse, exactly
+    s = q @ np.swapaxes(k, -1, -2) / 8.0
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    for recipe in (study.SOURCES["fp8 FA3 P alone"], study.SOURCES["fp8 P alone"]):   # exact inputs: S as above
+        flushed = study.weights(q, k, recipe) == 0
+        assert np.array_equal(flushed, p <= study.flush_below(recipe))   # ties (exactly half a subnormal) go to 0
+    assert (p <= 2.0 ** -10).sum() > 10 * max(1, (p <= 2.0 ** -18).sum())   # the shift keeps most of them
+
+
+def test_the_saturating_cast_clamps_where_numpys_cast_gives_nan_or_inf():
+    x = np.array([1.0, 448.0, 464.0, 465.0, 1e5, -1e5, np.inf, np.nan], np.float32)
+    plain = formats.cast(x, "float8_e4m3fn").astype(np.float32)
+    clamped = formats.cast(x, "float8_e4m3fn", saturate=True).astype(np.float32)
+    assert np.array_equal(plain[:3], [1, 448, 448]) and np.isnan(plain[3:]).all()
+    assert np.array_equal(clamped[:7], [1, 448, 448, 448, 448, -448, 448]) and np.isnan(clamped[7])
+    assert np.array_equal(formats.cast(np.float32(1e5), "float16", saturate=True), np.float16(65504))
+    x8, d = formats.quantize(np.full((1, 1, 4, 4), 3.0), descale=np.full((1, 1), 2.0 ** -8, np.float32), saturate=True)
+    assert np.all(formats.dequantize(x8, d) == 448 * 2.0 ** -8)   # a stale descale: clipped, not NaN
+
+
 def test_row_kl_is_zero_for_the_same_rows_and_finite_where_a_weight_is_flushed():
     p = np.array([[0.5, 0.5, 0.0], [0.9, 0.1, 0.0]])
     assert np.allclose(study.row_kl(p, p), 0)
@@ -247,6 +276,8 @@ def test_a_stale_descale_that_k_overflows_refuses_fp8():
     k = k * 4  # today's K is 4x yesterday's amax
     choice = fallback.choose_precision(q, k, v, budget=0.05, descales=stale)
     assert choice.precision == "fp16" and "K's amax" in choice.reason and "fp8" not in choice.predicted
+    ratio = float(np.abs(k).max() / (448 * stale[1].max()))
+    assert f"clip its largest values by {1 - 1 / ratio:.0%}" in choice.reason and "NaN" not in choice.reason
 
 
 def test_descales_computed_from_the_inputs_themselves_never_count_as_an_overflow():

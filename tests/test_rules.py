@@ -274,7 +274,10 @@ def test_the_rules_compiled_by_numba_give_the_python_answers():
         i, j, offset = (int(x) for x in rng.integers(-20, 20, 3))
         left, right = (int(x) for x in rng.integers(-1, 6, 2))
         assert compiled.visible(i, j, offset, left, right) == rules.visible(i, j, offset, left, right)
-        assert compiled.alibi_distance(i, j, offset) == rules.alibi_distance(i, j, offset)
+        n_keys = int(rng.integers(1, 12))
+        assert compiled.alibi_rebased_distance(i, j, offset, n_keys) == rules.alibi_rebased_distance(i, j, offset,
+                                                                                                     n_keys)
+        assert compiled.alibi_anchor(i, offset, n_keys) == rules.alibi_anchor(i, offset, n_keys)
         a, b = rng.standard_normal(2) * 10
         assert compiled.softcap(a, 3.0) == pytest.approx(rules.softcap(a, 3.0), rel=1e-15)
         assert compiled.rescale(min(a, b), max(a, b)) == pytest.approx(rules.rescale(min(a, b), max(a, b)), rel=1e-15)

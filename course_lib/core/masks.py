@@ -17,8 +17,9 @@ The rules themselves (may query i see key j, the kind of a tile, the ALiBi
 distance, softcap) are the scalar functions of ``course_lib.core.rules``, which the
 compiled kernels call too; this module gives them numpy's shapes and names:
 ``MaskSpec.tile_kind`` asks ``rules.tile_kind``, and the vectorised
-``visible`` and ``alibi_bias`` are held equal to ``rules.visible`` and
-``rules.alibi_distance`` by property tests.
+``visible``, ``alibi_bias`` and ``alibi_rebased_distance`` are held equal to
+``rules.visible``, ``rules.alibi_distance`` and ``rules.alibi_rebased_distance``
+by property tests.
 """
 from __future__ import annotations
 
@@ -124,6 +125,22 @@ class MaskSpec:
         cols = np.asarray(cols, dtype=np.int64)
         distance = np.abs(rows[:, None] + self.offset - cols[None, :])
         return -float(slope) * distance.astype(np.float64)
+
+    def alibi_anchor(self, rows) -> np.ndarray:
+        """Each row's ``rules.alibi_anchor``: its diagonal moved into the keys [0, seqlen_k), int64."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.clip(rows + self.offset, 0, max(self.seqlen_k - 1, 0))
+
+    def alibi_rebased_distance(self, rows, cols) -> np.ndarray:
+        """``rules.alibi_rebased_distance`` for the given rows and keys, int64 (len(rows), len(cols))."""
+        cols = np.asarray(cols, dtype=np.int64)
+        return np.abs(self.alibi_anchor(rows)[:, None] - cols[None, :])
+
+    def alibi_row_distance(self, rows) -> np.ndarray:
+        """What rebasing takes off each row's distances, int64 (len(rows),): |i + offset - anchor|.  The
+        rebased scores of row i are its scores plus slope times this, and so is their lse."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.abs(rows + self.offset - self.alibi_anchor(rows))
 
 
 def apply_softcap(scores: np.ndarray, softcap: float) -> np.ndarray:

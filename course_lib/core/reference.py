@@ -10,6 +10,15 @@ baseline whose rounding error sets the tolerance for low precision.
     S = S - slope * |i + offset - j|             (optional ALiBi)
     S = -inf where the mask hides key j from query i
     P = softmax(S) row by row;  O = P V;  lse = log sum_j exp(S_ij)
+
+ALiBi's bias is computed rebased, as every kernel computes it: from each row's
+anchor, the key nearest its diagonal (``rules.alibi_rebased_distance``).  The
+scores of row i then all sit slope * |i + offset - anchor_i| above S's
+(``alibi_row_shift``): softmax, and so P and O, are the same, and lse takes
+the constant back (``lse_of_rebased``).  Far from the diagonal (many more
+queries than keys) the bias grows with the distance while the rebased one
+stays small, so float32 keeps its digits where it would round a bias of
+hundreds.
 """
 from __future__ import annotations
 
@@ -44,13 +53,41 @@ def dequantized(q, k, v, opts, dtype):
     return tuple(dequantize(x, d, dtype) for x, d in zip((q, k, v), opts.descale))
 
 
+def alibi_row_shift(opts, mask: MaskSpec, rows=None):
+    """How far rebased ALiBi lifts each row's scores: slope * ``mask.alibi_row_distance(rows)``,
+    float64 (B, H, len(rows)) (every row when ``rows`` is None); None without ALiBi."""
+    if opts.alibi_slopes is None:
+        return None
+    rows = np.arange(mask.seqlen_q) if rows is None else rows
+    return opts.alibi_slopes[:, :, None] * mask.alibi_row_distance(rows).astype(np.float64)
+
+
+def lse_of_rebased(lse, opts, mask: MaskSpec, rows=None):
+    """The lse of the scores from that of the rebased scores a kernel summed: each row's shift taken
+    back (in float64, rounded once to lse's dtype).  lse: (B, H, len(rows)); -inf and NaN stay."""
+    shift = alibi_row_shift(opts, mask, rows)
+    if shift is None:
+        return lse
+    return (lse.astype(np.float64) - shift).astype(lse.dtype)
+
+
+def rebased_lse(lse, opts, mask: MaskSpec, rows=None):
+    """A forward's lse as the rebased scores' (what a backward subtracts from them to get P): each row's
+    shift added, in float64, rounded once to lse's dtype.  lse: (B, H, len(rows))."""
+    shift = alibi_row_shift(opts, mask, rows)
+    if shift is None:
+        return lse
+    return (lse.astype(np.float64) + shift).astype(lse.dtype)
+
+
 def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, acc_dtype, *, masked=True, round_dtype=None):
-    """Scores of query ``rows`` against key ``cols``: (B, H, len(rows), len(cols)) in ``acc_dtype``.
+    """Scores of query ``rows`` against key ``cols``, ALiBi rebased: (B, H, len(rows), len(cols)) in ``acc_dtype``.
 
     Scale, softcap, ALiBi, then -inf where the mask hides a key: the steps in
     the order every impl takes them, for all of S (the reference) or for one
     tile (the tiled kernels, which pass ``masked=False`` for a tile the mask
-    leaves full).  Kj must already hold each query head's K/V head.
+    leaves full).  With ALiBi each row is S's row plus its ``alibi_row_shift``.
+    Kj must already hold each query head's K/V head.
     ``round_dtype`` rounds Q K^T the way a float16 / bfloat16 matmul stores it.
     """
     acc = np.dtype(acc_dtype)
@@ -61,19 +98,26 @@ def tile_scores(Qi, Kj, opts, mask: MaskSpec, rows, cols, acc_dtype, *, masked=T
     if opts.softcap > 0:
         s = apply_softcap(s, acc.type(opts.softcap))
     if opts.alibi_slopes is not None:
-        distance = -mask.alibi_bias(1.0, rows, cols)  # |i + offset - j|, (rows, cols)
+        distance = mask.alibi_rebased_distance(rows, cols)  # |anchor_i - j|, (rows, cols)
         s = s - (opts.alibi_slopes[:, :, None, None] * distance).astype(acc)  # slopes (B, H)
     if masked:
         s = np.where(mask.visible(rows, cols), s, acc.type(-np.inf))
     return s
 
 
-def attention_scores(q, k, opts, mask: MaskSpec, compute_dtype, round_dtype=None):
-    """Masked scores S (B, H, Nq, Nk) in compute_dtype; -inf where hidden."""
+def rebased_scores(q, k, opts, mask: MaskSpec, compute_dtype, round_dtype=None):
+    """Masked scores (B, H, Nq, Nk) in compute_dtype, ALiBi rebased (``tile_scores``); -inf where hidden."""
     k = k[:, kv_head_index(q.shape[1], k.shape[1])]  # (B, H, Nk, D): each query head's K
     rows, cols = np.arange(mask.seqlen_q), np.arange(mask.seqlen_k)
     return tile_scores(q, k, opts, mask, rows, cols, compute_dtype,
                        masked=not mask.is_trivial, round_dtype=round_dtype)
+
+
+def attention_scores(q, k, opts, mask: MaskSpec, compute_dtype):
+    """Masked scores S (B, H, Nq, Nk) in compute_dtype, ALiBi's bias whole; -inf where hidden."""
+    s = rebased_scores(q, k, opts, mask, compute_dtype)
+    shift = alibi_row_shift(opts, mask)
+    return s if shift is None else s - shift[..., None].astype(compute_dtype)
 
 
 def safe_max(m):
@@ -118,7 +162,7 @@ def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, roun
     """
     q, k, v = dequantized(q, k, v, opts, compute_dtype)
     fp8 = rules.is_fp8(round_dtype)
-    s = attention_scores(q, k, opts, mask, compute_dtype, None if fp8 else round_dtype)
+    s = rebased_scores(q, k, opts, mask, compute_dtype, None if fp8 else round_dtype)
     v = v[:, kv_head_index(q.shape[1], v.shape[1])].astype(compute_dtype)  # (B, H, Nk, Dv)
     if fp8:
         m = safe_max(np.max(s, axis=-1, keepdims=True))
@@ -128,12 +172,12 @@ def attention_math(q, k, v, opts, mask: MaskSpec, compute_dtype=np.float64, roun
         with np.errstate(divide="ignore", invalid="ignore"):
             out = np.matmul(p8, v) / np.where(l == 0, 1, l)
             lse = (m + np.log(l))[..., 0]
-        return out, nan_lse_where_out_is_nan(out, lse)
+        return out, nan_lse_where_out_is_nan(out, lse_of_rebased(lse, opts, mask))
     p, lse = masked_softmax(s)
     if round_dtype is not None:
         p = p.astype(round_dtype).astype(compute_dtype)
     out = np.matmul(p, v)
-    return out, nan_lse_where_out_is_nan(out, lse)
+    return out, nan_lse_where_out_is_nan(out, lse_of_rebased(lse, opts, mask))
 
 
 def attention_forward(q, k, v, opts, mask: MaskSpec):

@@ -5,6 +5,7 @@ of the loss with respect to O, the chain rule through O = P V,
 P = softmax(S) and S = scale Q K^T gives (FlashAttention-2, Algorithm 2):
 
     P  = exp(S - lse)                  recomputed from Q, K and lse: P is never stored
+                                       (with ALiBi, rebased S less rebased lse: ``core.reference``)
     dV = P^T dO
     dP = dO V^T
     D  = rowsum(dO * O)                = rowsum(P * dP), one number per query row
@@ -31,7 +32,7 @@ import numpy as np
 
 from . import rules
 from .masks import MaskSpec
-from .reference import kv_head_index, safe_max, tile_scores
+from .reference import kv_head_index, rebased_lse, safe_max, tile_scores
 
 
 def tile_probabilities(Qi, Kj, lse_i, opts, mask: MaskSpec, rows, cols, acc_dtype, *, masked=True):
@@ -41,14 +42,14 @@ def tile_probabilities(Qi, Kj, lse_i, opts, mask: MaskSpec, rows, cols, acc_dtyp
     the pair.  Kj must already hold each query head's K head.  lse_i: (B, H, len(rows)).
     """
     acc = np.dtype(acc_dtype)
-    s = tile_scores(Qi, Kj, opts, mask, rows, cols, acc, masked=masked)
-    shift = safe_max(lse_i.astype(acc))[..., None]   # a row that saw no key: all -inf, P = 0
+    s = tile_scores(Qi, Kj, opts, mask, rows, cols, acc, masked=masked)   # ALiBi rebased: so is the lse
+    shift = safe_max(rebased_lse(lse_i, opts, mask, rows).astype(acc))[..., None]   # no key seen: P = 0
     p = np.exp(s - shift)
     slope = None
     if opts.softcap > 0:
         t = s
         if opts.alibi_slopes is not None:               # t is the capped score, before ALiBi
-            distance = -mask.alibi_bias(1.0, rows, cols)
+            distance = mask.alibi_rebased_distance(rows, cols)
             t = s + (opts.alibi_slopes[:, :, None, None] * distance).astype(acc)
         with np.errstate(invalid="ignore"):
             slope = np.where(np.isfinite(s), rules.softcap_slope(t, acc.type(opts.softcap)), 0).astype(acc)

@@ -63,6 +63,7 @@ except ModuleNotFoundError:  # an optional package missing: the impl is unavaila
     numba = None
 
 from ..core import rules
+from ..core.reference import rebased_lse
 from ..core.reference_backward import sum_groups
 from . import launch as host
 from .cpu_steps.host import scipy_openblas
@@ -87,6 +88,8 @@ def available() -> bool:
 if numba is not None:
     from .blas_add import dot_add
     from .cpu_steps.tile import (
+        alibi_anchor,
+        alibi_rebased_distance,
         alibi_row,
         exp_row,
         exp_row_shifted,
@@ -125,10 +128,11 @@ if numba is not None:
                 dS_row[c] = dtype(round_to_bits(dS_row[c], round_bits, round_min_exponent))
 
     @numba.njit(cache=True, fastmath=FASTMATH)
-    def scores_to_p(S, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, left, right, fast_exp,
+    def scores_to_p(S, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, Nk, left, right, fast_exp,
                     exponent_bits):
         """S (scaled scores of rows i0.., keys j0..) -> P = exp(S - lse_i) in place, row by row;
-        G = softcap's slope.  The mask of a PARTIAL tile: the row's keys outside its window are -inf."""
+        G = softcap's slope.  The mask of a PARTIAL tile: the row's keys outside its window are -inf.
+        With ALiBi, S and lse are both rebased (``core.reference.rebased_lse``)."""
         n_r, n_c = S.shape
         dtype = S.dtype.type
         for r in range(n_r):
@@ -137,7 +141,7 @@ if numba is not None:
             if cap > 0:
                 softcap_row(row, G[r], n_c, cap)
             if alibi:
-                alibi_row(row, n_c, i + offset - j0, slope)
+                alibi_row(row, n_c, alibi_anchor(i, offset, Nk) - j0, slope)
             if kind == rules.PARTIAL:             # keys j0 + c outside the row's window are -inf
                 hide_outside_window(row, n_c, i + offset - j0, left, right)
             shift = dtype(shift_of(lse[b, h, i]))   # a row that sees no key: every s is -inf, P = 0
@@ -159,7 +163,7 @@ if numba is not None:
             finish_ds_row(P[r], dP[r], G[r], n_c, cap, round_bits, round_min_exponent)
 
     @numba.njit(cache=True, fastmath=FASTMATH)
-    def scores_to_pt(ST, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, left, right, fast_exp,
+    def scores_to_pt(ST, G, lse, b, h, i0, j0, kind, cap, alibi, slope, offset, Nk, left, right, fast_exp,
                      exponent_bits, shifts):
         """``scores_to_p`` on the transposed tile: ST[c, r] is the score of query i0 + r against key j0 + c,
         so a row is one key and its columns are queries.  Seen from key j, query i is visible for
@@ -174,8 +178,9 @@ if numba is not None:
             row = ST[c]
             if cap > 0:
                 softcap_row(row, G[c], n_r, cap)
-            if alibi:
-                alibi_row(row, n_r, j - offset - i0, slope)
+            if alibi:                              # each query its own anchor: no row-wide centre
+                for r in range(n_r):
+                    row[r] -= dtype(slope * alibi_rebased_distance(i0 + r, j, offset, Nk))
             if kind == rules.PARTIAL:              # queries i0 + r that cannot see key j are -inf
                 hide_outside_window(row, n_r, j - offset - i0, right, left)
             if fast_exp:
@@ -227,7 +232,7 @@ if numba is not None:
             G = G_flat[:n_r * n_c].reshape((n_c, n_r))
             np.dot(Kj, Qi.T, PT)                                   # S^T = Kj Q'i^T
             np.dot(Vj, dOi.T, dST)                                 # dP^T = Vj dOi^T
-            scores_to_pt(PT, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, left, right, fast_exp,
+            scores_to_pt(PT, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, Nk, left, right, fast_exp,
                          exponent_bits, shifts)
             pt_to_dst(PT, dST, G, Dsum, b, h, r0, cap, round_bits, round_min_exponent)
             dot_add(PT, dOi, dVj)                                  # dVj += Pij^T dOi
@@ -263,7 +268,7 @@ if numba is not None:
             G = G_flat[:n_r * n_c].reshape((n_r, n_c))
             np.dot(Qi, Kj.T, P)
             np.dot(dOi, Vj.T, dS)
-            scores_to_p(P, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, left, right, fast_exp,
+            scores_to_p(P, G, lse, b, h, r0, c0, kind, cap, alibi, slope, offset, Nk, left, right, fast_exp,
                         exponent_bits)
             p_to_ds(P, dS, G, Dsum, b, h, r0, cap, round_bits, round_min_exponent)
             dot_add(dS, Kj, dQi)                                   # dQi += dSij Kj
@@ -337,7 +342,7 @@ if numba is not None:
             P = S_flat[:n_r * n_c].reshape((n_r, n_c))
             np.dot(load_tile(q, b, h, r0, r1), Kj.T, P)
             scores_to_p(P, G_flat[:n_r * n_c].reshape((n_r, n_c)), lse, b, h, r0, c0, kind, cap, alibi, slope,
-                        offset, left, right, fast_exp, exponent_bits)
+                        offset, Nk, left, right, fast_exp, exponent_bits)
             total += P.sum()
         return total
 
@@ -405,7 +410,7 @@ def recompute_only(q, k, v, out, lse, dout, opts, mask):
     (the number of query rows that see a key, up to rounding: each row of P sums to 1)."""
     launch, qc, kc, _ = _prepare(q, k, v, opts, mask)
     acc = launch.acc_dtype
-    lse = np.ascontiguousarray(lse, dtype=acc)
+    lse = np.ascontiguousarray(rebased_lse(lse, opts, mask), dtype=acc)
     items = work_items(q.shape[0], q.shape[1], (launch.tiles != rules.EMPTY).sum(axis=0))
     totals = np.zeros(len(items))
     _launch(recompute_pass, qc, kc, lse, items, launch.tiles, launch.kv_head, launch.Br, launch.Bc,
@@ -415,7 +420,8 @@ def recompute_only(q, k, v, out, lse, dout, opts, mask):
 
 
 def run_kernels(launch, q, k, v, out, lse, dout, dq_mode="partials"):
-    """(dq, dk per query head, dv per query head) in the accumulation dtype, from prepared q (= Q'), k, v."""
+    """(dq, dk per query head, dv per query head) in the accumulation dtype, from prepared q (= Q'), k, v
+    and the lse of the rebased scores (``core.reference.rebased_lse``: ALiBi's kernels see no other)."""
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq must be one of {DQ_MODES}, got {dq_mode!r}")
     acc = launch.acc_dtype
@@ -448,7 +454,7 @@ def run_kernels(launch, q, k, v, out, lse, dout, dq_mode="partials"):
 def attention_backward(q, k, v, out, lse, dout, opts, mask, dq="partials"):
     """The compiled backward for validated dense inputs: (dq, dk, dv) in q's dtype."""
     launch, qc, kc, vc = _prepare(q, k, v, opts, mask)
-    dq_, dk, dv = run_kernels(launch, qc, kc, vc, out, lse, dout, dq)
+    dq_, dk, dv = run_kernels(launch, qc, kc, vc, out, rebased_lse(lse, opts, mask), dout, dq)
     Hk = k.shape[1]
     if Hk != q.shape[1]:
         dk, dv = sum_groups(dk, Hk), sum_groups(dv, Hk)

@@ -37,6 +37,7 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unav
     numba = None
 
 from ..core import rules
+from ..core.reference import rebased_lse
 from ..core.reference_backward import delta
 from . import flash_numba_cuda as ch09
 from . import launch as host
@@ -61,18 +62,19 @@ def make_kernels(D: int, Dv: int):
         return _KERNELS[D, Dv]
     T = TILE
     NEG_INF = float32(-math.inf)
-    visible, alibi_distance, softcap = ch09.visible, ch09.alibi_distance, ch09.softcap
+    visible, alibi_rebased_distance, softcap = ch09.visible, ch09.alibi_rebased_distance, ch09.softcap
 
     @cuda.jit(device=True)
-    def grad_pair(qv, kv, dov, vv, lse_i, d_i, i, j, masked, scale, cap, alibi, slope, offset, left, right):
-        """(p, ds) of query row i and key j, recomputed: the forward's score, P from the stored lse."""
+    def grad_pair(qv, kv, dov, vv, lse_i, d_i, i, j, masked, scale, cap, alibi, slope, offset, Nk, left, right):
+        """(p, ds) of query row i and key j, recomputed: the forward's score, P from the stored lse (both
+        ALiBi-rebased: the host hands the kernels ``core.reference.rebased_lse``)."""
         s = float32(0.0)
         for d in range(D):
             s += qv[d] * kv[d]
         t = float32(softcap(s * scale, cap))
         sc = t
         if alibi:
-            sc -= slope * float32(alibi_distance(i, j, offset))
+            sc -= slope * float32(alibi_rebased_distance(i, j, offset, Nk))
         if masked and not visible(i, j, offset, left, right):
             return float32(0.0), float32(0.0)
         shift = lse_i if lse_i != NEG_INF else float32(0.0)     # a row that saw no key: P = 0
@@ -130,7 +132,7 @@ def make_kernels(D: int, Dv: int):
                     masked = kind == rules.PARTIAL
                     for r in range(min(T, Nq - tr * T)):
                         p, ds = grad_pair(qs[r], kj, dos[r], vj, ls[r], ds_[r], tr * T + r, j, masked,
-                                          scale, cap, alibi, slope, offset, left, right)
+                                          scale, cap, alibi, slope, offset, Nk, left, right)
                         for e in range(Dv):
                             dvj[e] += p * dos[r, e]
                         for d in range(D):
@@ -180,7 +182,7 @@ def make_kernels(D: int, Dv: int):
                 masked = kind == rules.PARTIAL
                 for c in range(min(T, Nk - tc * T)):
                     p, ds = grad_pair(qi, ks[c], doi, vs[c], lse_i, d_i, i, tc * T + c, masked,
-                                      scale, cap, alibi, slope, offset, left, right)
+                                      scale, cap, alibi, slope, offset, Nk, left, right)
                     for d in range(D):
                         dqi[d] += scale * ds * ks[c, d]
         if i < Nq:
@@ -214,6 +216,7 @@ def launcher(q, k, v, out, lse, dout, opts, mask):
     (and D_i, computed here on the host) copied once, so that a timing loop times the kernels alone."""
     dkdv, dq_k, grid_kv, grid_q, args = plan(q, k, v, opts, mask)
     dsum = delta(dout, out, np.float32).astype(np.float32)
+    lse = rebased_lse(lse, opts, mask)                              # the kernels' scores are rebased
     ins = tuple(cuda.to_device(np.ascontiguousarray(x, dtype=np.float32)) for x in (q, k, v, dout, lse, dsum))
     dargs = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
     dq = cuda.to_device(np.full(q.shape, np.nan, np.float32))       # poisoned: a gradient nobody wrote shows

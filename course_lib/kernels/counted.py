@@ -31,7 +31,7 @@ from ..core import rules
 from ..core.masks import EMPTY, FULL, tile_ranges
 from ..core.online_softmax import finalize, finalize_lse, init_state, online_update
 from ..core.options import call_forward
-from ..core.reference import nan_lse_where_out_is_nan, safe_max, tile_scores
+from ..core.reference import lse_of_rebased, nan_lse_where_out_is_nan, safe_max, tile_scores
 from .flash_numpy import LOOPS, Memory, TileStats, buffer_names
 from .launch import DEFAULT_TILES, tile_sizes
 
@@ -207,6 +207,7 @@ def _two_pass(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True, re
             stats.exps += B * H * (r1 - r0) * (c1 - c0)
             mem.free("S / P tile", P_LOW)
         out, lse = finalize(m, l, Oi)
+        lse = lse_of_rebased(lse, opts, mask, np.arange(r0, r1))
         if p_dtype is not None:
             out = mem.hold(O_LOW, out.astype(q.dtype))
         mem.store("O", O, np.s_[:, :, r0:r1], out)
@@ -252,7 +253,7 @@ def _naive(q, k, v, opts, mask, mem, stats, softmax_passes=1, return_lse=True):
     out = mem.load("P", P, every).astype(acc_dtype) @ mem.load("V", v, every).astype(acc_dtype)
     mem.store("O", O, every, out)
     if return_lse:
-        mem.store("lse", L, every, nan_lse_where_out_is_nan(out, finalize_lse(m, l)))
+        mem.store("lse", L, every, nan_lse_where_out_is_nan(out, lse_of_rebased(finalize_lse(m, l), opts, mask)))
     return O, L
 
 

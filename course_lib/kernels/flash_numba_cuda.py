@@ -52,7 +52,7 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unav
     numba = None
 
 from ..core import hardware, rules
-from ..core.reference import nan_lse_where_out_is_nan
+from ..core.reference import lse_of_rebased, nan_lse_where_out_is_nan
 from . import launch as host
 
 # Br: threads per block, one per query row; Bc: keys per shared-memory tile (their
@@ -102,7 +102,7 @@ def where() -> str:
 if numba is not None:
     _rule = cuda.jit(device=True)
     visible = _rule(rules.visible)
-    alibi_distance = _rule(rules.alibi_distance)
+    alibi_rebased_distance = _rule(rules.alibi_rebased_distance)
     softcap = _rule(rules.softcap)
     max_nan = _rule(rules.max_nan)
     shift_of = _rule(rules.shift_of)
@@ -181,7 +181,7 @@ def make_kernel(Bc: int, D: int, Dv: int, exp2: bool = False):
                         s += q_i[d] * Kj[c, d]
                     s = float32(softcap(s * scale, cap))
                     if alibi:
-                        s -= slope * float32(alibi_distance(i, j, offset))
+                        s -= slope * float32(alibi_rebased_distance(i, j, offset, Nk))
                     if kind == rules.PARTIAL and not visible(i, j, offset, left, right):
                         s = float32(-math.inf)
                     s_i[c] = s
@@ -295,6 +295,7 @@ def flash_forward(q, k, v, opts, mask):
     # The NaN rule, on the host like every impl: a NaN in V reaches rows that
     # cannot see its key through 0 * NaN, and such a row must not report an
     # lse that looks healthy.
+    lse = lse_of_rebased(lse, opts, mask)   # the kernel summed ALiBi's rebased scores
     return out, nan_lse_where_out_is_nan(out, lse).astype(rules.lse_dtype(q.dtype), copy=False)
 
 

@@ -60,7 +60,7 @@ from ..core import rules
 from ..core.masks import EMPTY, FULL, PARTIAL, MaskSpec, tile_ranges
 from ..core.online_softmax import finalize, finalize_lse, finalize_out, init_state, online_update
 from ..core.options import call_forward
-from ..core.reference import dequantize, kv_head_index, nan_lse_where_out_is_nan, tile_scores
+from ..core.reference import dequantize, kv_head_index, lse_of_rebased, nan_lse_where_out_is_nan, tile_scores
 from .launch import DEFAULT_TILES, tile_sizes
 
 LOOP_ORDERS = ("fa2", "fa1")
@@ -237,6 +237,7 @@ def _forward_fa2(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
             Sij = chip.scores(Qi, Kj, r0, r1, c0, c1, kind)          # (B, H, Br, Bc)
             m, l, Oi, _ = online_update(m, l, Oi, Sij, Vj, chip.p_dtype)  # rescale, then add Pij Vj
         out, lse = finalize(m, l, Oi)                                # divide by l once, at the end
+        lse = lse_of_rebased(lse, opts, mask, np.arange(r0, r1))     # ALiBi's rebasing taken back
         chip.write(O, L, np.s_[:, :, r0:r1], out, lse)               # write Oi and lse_i once
     return O, L
 
@@ -294,7 +295,8 @@ def _forward_fa1(q, k, v, opts, mask, Br, Bc, mem, stats, skip_empty_tiles=True,
             mem.store("O", out, rows, mem.hold(O_LOW, Oi.astype(q.dtype)))
         if return_lse:
             mi, li = mem.hold("m (row max)", mem.load("m", m, rows)), mem.hold("l (row sum)", mem.load("l", l, rows))
-            lse = nan_lse_where_out_is_nan(O[rows], finalize_lse(mi, li))  # O[rows]: the flag, not a load
+            lse = lse_of_rebased(finalize_lse(mi, li), opts, mask, np.arange(r0, r1))
+            lse = nan_lse_where_out_is_nan(O[rows], lse)             # O[rows]: the flag, not a load
             mem.store("lse", L, rows, lse)
         mem.free("O accumulator", O_LOW, "m (row max)", "l (row sum)")
     return out.astype(q.dtype, copy=False), L

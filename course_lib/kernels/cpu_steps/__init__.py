@@ -73,7 +73,7 @@ except ModuleNotFoundError:  # an optional package missing: the impl is unavaila
     numba = None
 
 from ...core import rules
-from ...core.reference import nan_lse_where_out_is_nan
+from ...core.reference import lse_of_rebased, nan_lse_where_out_is_nan
 from .. import launch as host_launch
 from . import versions
 from .host import (
@@ -176,6 +176,7 @@ def flash_forward(q, k, v, opts, mask, step=FINAL_VERSION, splits=None):
     opts = dataclasses.replace(opts, block_q=min(Br, q.shape[2]), block_k=min(Bc, k.shape[2]))
     launch, *arrays = host_launch.prepare(q, k, v, opts, mask, opts.block_q, opts.block_k)
     out, lse = run_kernel(launch, *arrays, step=step, splits=splits)
+    lse = lse_of_rebased(lse, opts, mask)   # the kernel summed ALiBi's rebased scores
     # The NaN rule, on the host like every impl: a NaN in V reaches rows that
     # cannot see its key through 0 * NaN, and such a row must not report an lse
     # that looks healthy.

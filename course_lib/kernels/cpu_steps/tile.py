@@ -70,7 +70,8 @@ if numba is not None:
 
     _rule = numba.njit(cache=True)
     visible = _rule(rules.visible)
-    alibi_distance = _rule(rules.alibi_distance)
+    alibi_anchor = _rule(rules.alibi_anchor)
+    alibi_rebased_distance = _rule(rules.alibi_rebased_distance)
     softcap = _rule(rules.softcap)
     max_nan = _rule(rules.max_nan)
     shift_of = _rule(rules.shift_of)
@@ -81,8 +82,8 @@ if numba is not None:
 
     @numba.njit(cache=True)
     def alibi_row(row, n_c, centre, slope):
-        """ALiBi on one row of a tile: score c -= slope |centre - c|, centre = i + offset - j0 (the row's
-        diagonal, in tile columns)."""
+        """ALiBi on one row of a tile, rebased: score c -= slope |centre - c|, centre = the row's
+        ``alibi_anchor`` - j0 (in tile columns)."""
         dtype = row.dtype.type
         for c in range(n_c):
             row[c] -= dtype(slope * abs(centre - c))
@@ -197,7 +198,7 @@ if numba is not None:
         return row_sum
 
     @numba.njit(cache=True, fastmath=FASTMATH)
-    def softmax_tile_scalar(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
+    def softmax_tile_scalar(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, Nk, left, right,
                             fast_exp, m, l, Oi, exponent_bits):
         """Sij -> Pij in place, (m, l) updated, Oi rescaled: each score through the scalar rules."""
         dtype = S.dtype.type
@@ -208,7 +209,7 @@ if numba is not None:
                 j = j0 + c
                 s = softcap(S[r, c] * scale, cap)
                 if alibi:
-                    s -= dtype(slope * alibi_distance(i, j, offset))
+                    s -= dtype(slope * alibi_rebased_distance(i, j, offset, Nk))
                 if kind == rules.PARTIAL and not visible(i, j, offset, left, right):
                     s = -np.inf
                 S[r, c] = s
@@ -221,7 +222,7 @@ if numba is not None:
                 Oi[r, e] *= alpha
 
     @numba.njit(cache=True, fastmath=FASTMATH)
-    def softmax_tile_vector(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, left, right,
+    def softmax_tile_vector(S, n_r, n_c, i0, j0, kind, scale, cap, alibi, slope, offset, Nk, left, right,
                             fast_exp, m, l, Oi, exponent_bits):
         """``softmax_tile_scalar`` with every per-score loop branch-free, so each one vectorises.
 
@@ -243,7 +244,7 @@ if numba is not None:
                 for c in range(n_c):
                     row[c] *= scale
             if alibi:
-                alibi_row(row, n_c, i + offset - j0, slope)
+                alibi_row(row, n_c, alibi_anchor(i, offset, Nk) - j0, slope)
             if kind == rules.PARTIAL:
                 hide_outside_window(row, n_c, i + offset - j0, left, right)
             m_tile = neg_inf
@@ -259,7 +260,7 @@ if numba is not None:
 
     @numba.njit(cache=True, fastmath=FASTMATH)
     def exp2_and_sum(P, n, shift):
-        """P[:n] = 2**(P[:n] - shift) in float32, in place, for scores at or below ``shift``; returns their sum.
+        """P[:n] = 2**(P[:n] - shift) in float32, in place, for scores at or below ``shift``; their sum.
 
         One loop that vectorises, for scores in log2 units: x = k + f with k
         = int(x) (toward 0, so f in (-1, 0] is exact: no Cody-Waite split),
@@ -283,7 +284,7 @@ if numba is not None:
         return total
 
     @numba.njit(cache=True, fastmath=FASTMATH)
-    def softmax_tile_exp2(S, n_r, n_c, i0, j0, kind, cap, alibi, slope, offset, left, right,
+    def softmax_tile_exp2(S, n_r, n_c, i0, j0, kind, cap, alibi, slope, offset, Nk, left, right,
                           fast_exp, m, l, Oi):
         """``softmax_tile_vector`` in base 2, with two passes over a row where it had four.
 
@@ -305,7 +306,7 @@ if numba is not None:
                 for c in range(n_c):
                     row[c] = cap2 * math.tanh(row[c] * to_natural)
             if alibi:
-                alibi_row(row, n_c, i + offset - j0, slope * LOG2E)
+                alibi_row(row, n_c, alibi_anchor(i, offset, Nk) - j0, slope * LOG2E)
             if kind == rules.PARTIAL:
                 hide_outside_window(row, n_c, i + offset - j0, left, right)
             m_tile = neg_inf

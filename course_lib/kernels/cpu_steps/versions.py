@@ -123,7 +123,7 @@ if numba is not None:
             matmul_nt(Q_pad, K_pad, S_pad, rows4, (n_c + 1) // 2 * 2, D)          # Sij = Qi Kj^T
             S = S_pad[:n_r, :n_c]
             softmax_tile_scalar(S, n_r, n_c, r0, c0, kind, scores.scale, scores.cap, scores.alibi, slope,
-                                scores.offset, scores.left, scores.right, scores.fast_exp, m, l, Oi, bits)
+                                scores.offset, Nk, scores.left, scores.right, scores.fast_exp, m, l, Oi, bits)
             round_p(S, n_r, n_c, scores.round_bits, scores.round_min_exponent)
             matmul_nt(S_pad, VT_pad, PV_pad, rows4, Dv2, n_c)                      # Oi += Pij Vj
             Oi += PV_pad[:n_r, :Dv]
@@ -159,7 +159,7 @@ if numba is not None:
             S = S_flat[:n_r * n_c].reshape((n_r, n_c))
             np.dot(Qi, k[b, kh, c0:c0 + n_c].T, S)                                  # Sij = Qi Kj^T
             softmax_tile_scalar(S, n_r, n_c, r0, c0, kind, one, scores.cap, scores.alibi, slope,
-                                scores.offset, scores.left, scores.right, scores.fast_exp, m, l, Oi, bits)
+                                scores.offset, Nk, scores.left, scores.right, scores.fast_exp, m, l, Oi, bits)
             round_p(S, n_r, n_c, scores.round_bits, scores.round_min_exponent)
             np.dot(S, v[b, kh, c0:c0 + n_c], PV)                                    # Oi += Pij Vj
             Oi += PV
@@ -195,7 +195,7 @@ if numba is not None:
             S = S_flat[:n_r * n_c].reshape((n_r, n_c))
             np.dot(Qi, k[b, kh, c0:c0 + n_c].T, S)
             softmax_tile_vector(S, n_r, n_c, r0, c0, kind, one, scores.cap, scores.alibi, slope,
-                                scores.offset, scores.left, scores.right, scores.fast_exp, m, l, Oi, bits)
+                                scores.offset, Nk, scores.left, scores.right, scores.fast_exp, m, l, Oi, bits)
             round_p(S, n_r, n_c, scores.round_bits, scores.round_min_exponent)
             np.dot(S, v[b, kh, c0:c0 + n_c], PV)
             Oi += PV
@@ -231,7 +231,7 @@ if numba is not None:
             n_c = min(c0 + work.Bc, Nk) - c0
             S = S_flat[:n_r * n_c].reshape((n_r, n_c))
             np.dot(Qi, k[b, kh, c0:c0 + n_c].T, S)
-            softmax_tile_exp2(S, n_r, n_c, r0, c0, kind, scores.cap, scores.alibi, slope, scores.offset,
+            softmax_tile_exp2(S, n_r, n_c, r0, c0, kind, scores.cap, scores.alibi, slope, scores.offset, Nk,
                               scores.left, scores.right, scores.fast_exp, m, l, Oi)
             round_p(S, n_r, n_c, scores.round_bits, scores.round_min_exponent)
             np.dot(S, v[b, kh, c0:c0 + n_c], PV)

@@ -1,6 +1,6 @@
 """What every step's kernel shares on the device.
 
-- the scalar rules (mask, softcap, ALiBi distance, the online-softmax step in
+- the scalar rules (mask, softcap, ALiBi's rebased distance, the online-softmax step in
   base 2, finalize): ``course_lib.core.rules``, as chapter 09's module compiled
   them for the GPU;
 - ``SIMULATOR``: True when numba's simulator runs the kernels (it has no warp
@@ -28,7 +28,8 @@ from .tiling import Layout, Tiling
 SIMULATOR = numba is not None and bool(numba.config.ENABLE_CUDASIM)
 
 if numba is not None:
-    visible, alibi_distance, softcap, max_nan = ch09.visible, ch09.alibi_distance, ch09.softcap, ch09.max_nan
+    visible, softcap, max_nan = ch09.visible, ch09.softcap, ch09.max_nan
+    alibi_rebased_distance = ch09.alibi_rebased_distance
     shift_of, rescale_exp2, finalize = ch09.shift_of, ch09.rescale_exp2, ch09.finalize
 
 

@@ -24,7 +24,7 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are un
     cuda = None
 
 from ...core import rules
-from .device import alibi_distance, finalize, jit_options, max_nan, rescale_exp2, shift_of, softcap, visible
+from .device import alibi_rebased_distance, finalize, jit_options, max_nan, rescale_exp2, shift_of, softcap, visible
 from .tiling import Tiling
 
 _KERNELS = {}
@@ -99,7 +99,7 @@ if cuda is not None:
                 j = c0 + tx + T.tx * c
                 sc = float32(softcap(s[r, c], cap))
                 if alibi:
-                    sc -= slope * float32(alibi_distance(i, j, offset))
+                    sc -= slope * float32(alibi_rebased_distance(i, j, offset, Nk))
                 if j >= Nk or (kind == rules.PARTIAL and not visible(i, j, offset, left, right)):
                     sc = NEG_INF
                 s[r, c] = sc

@@ -40,7 +40,7 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are un
 from ...core import rules
 from .device import (
     SIMULATOR,
-    alibi_distance,
+    alibi_rebased_distance,
     finalize,
     jit_options,
     max_nan,
@@ -135,7 +135,7 @@ if cuda is not None:
                     at = U(L.PS + (ty + T.ty * r) * L.BP + tx + T.tx * c)
                     sc = float32(softcap(sm[at], cap))
                     if alibi:
-                        sc -= slope * float32(alibi_distance(i, j, offset))
+                        sc -= slope * float32(alibi_rebased_distance(i, j, offset, Nk))
                     if edge:
                         if j >= Nk or not visible(i, j, offset, left, right):
                             sc = NEG_INF
