@@ -277,19 +277,26 @@ def part_variants():
 
 
 def chain(kind, D, Dv=None):
-    """(name, tiling) of the chain's steps at head dim D: the tuned tiling, then ldmatrix, then cp.async."""
+    """(name, tiling) of the chain's steps at head dim D: the tuned tiling, then ldmatrix, then cp.async; for
+    3xTF32 then each A fragment split once (e); then Q's fragments in shared memory (f; 3xTF32's split once)."""
     from dataclasses import replace
     base = tc.staged_tiling(kind, D, D if Dv is None else Dv)
     ld = replace(base, staged=True, prefetch=False, ldmatrix=True)
-    return [("staged", base), ("ldmatrix", ld), ("cp_async", replace(ld, stages=2))]
+    steps = [("staged", base), ("ldmatrix", ld), ("cp_async", replace(ld, stages=2))]
+    if kind == "tf32x3":
+        steps += [("split_once", replace(ld, stages=2, split_once=True)),
+                  ("q_shared", replace(ld, stages=2, split_once=True, q_shared=True))]
+    else:
+        steps.append(("q_shared", replace(ld, stages=2, q_shared=True)))
+    return steps
 
 
 def tdict_of(t):
     return {"warps": t.warps, "Bc": t.Bc, "staged": t.staged, "prefetch": t.prefetch, "ldmatrix": t.ldmatrix,
-            "stages": t.stages}
+            "stages": t.stages, "split_once": t.split_once, "q_shared": t.q_shared}
 
 
-CHAIN = {"cases": None, "timed": None, "steps": None, "timing_only": False}   # main's --chain-* options
+CHAIN = {"cases": None, "timed": None, "steps": None, "labels": None, "timing_only": False}   # main's --chain-* options
 
 
 def part_chain():
@@ -303,6 +310,9 @@ def part_chain():
             opts = {a: (np.array(b) if a == "alibi_slopes" else b) for a, b in options.items()}
             kind = tc.kind_of(step, q.dtype)
             for label, tiling in chain(kind, D, Dv)[1:]:
+                if CHAIN["labels"] is not None and label not in CHAIN["labels"]:
+                    continue
+
                 def go():
                     out, lse = tc.attention(q, k, v, step=step, tiling=tiling, splits=splits, return_lse=True, **opts)
                     checks.check_attention(out, q, k, v, lse=lse, **opts)
@@ -321,12 +331,12 @@ def part_chain():
             x = tuple(a.astype(np.float16) if dtype == "float16" else a for a in (q, k, v))
             kind = tc.kind_of(step, x[0].dtype)
             steps = chain(kind, D)
-            last = steps[-1][1]
+            last_label, last = steps[-1]
             for warps in (4, 8):
                 for Bc in (32, 64):
                     t = replace(last, warps=warps, Bc=Bc)
                     if t != last and tc.shared_bytes(kind, t, D, D) <= tc.MAX_SHARED:
-                        steps.append(("cp_async_sweep", t))
+                        steps.append((f"{last_label}_sweep", t))
             ref, best = None, None
             for label, tiling in steps:
                 try:
@@ -353,15 +363,51 @@ def part_chain():
                            "tiling": tdict_of(best[1]), "median_s": best[0]})
 
 
+def part_split_sweep():
+    """3xTF32's steps (e) split_once and (f) q_shared (both checked by the chain part), their warps and key tile
+    swept at B*H = 64, N = 4096, D = 64 / 128 beside SDPA efficient; each output compared with (d)'s."""
+    from dataclasses import replace
+
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for D in (64, 128):
+        shape = (4, 16, 4096, 4096, D)
+        q, k, v = problem(4, 16, 16, 4096, 4096, D, D, "float32", seed=1)
+        base = replace(tc.default_tiling("tf32x3", D, D), stages=2, ldmatrix=True)
+        go, out, _ = mma_call("mma_3xtf32", q, k, v, tiling=base)
+        go()
+        ref = out.copy_to_host()
+        timed("gpu_mma_split_sweep", go, shape, "float32", False, ("cuda_mma_3xtf32", "mma.sync"),
+              {"step": "cp_async", "tiling": tdict_of(base)})
+        for label, flags in (("split_once", {"split_once": True}), ("q_shared", {"split_once": True, "q_shared": True})):
+            for warps in (4, 8):
+                for Bc in (16, 32, 64):
+                    t = replace(base, warps=warps, Bc=Bc, **flags)
+                    if tc.shared_bytes("tf32x3", t, D, D) > tc.MAX_SHARED or (label == "q_shared" and Bc == 16):
+                        continue
+                    try:
+                        go, out, _ = mma_call("mma_3xtf32", q, k, v, tiling=t)
+                        go()
+                        same = float(np.max(np.abs(out.copy_to_host() - ref)))
+                        timed("gpu_mma_split_sweep", go, shape, "float32", False, ("cuda_mma_3xtf32", "mma.sync"),
+                              {"step": label, "tiling": tdict_of(t), "max_diff_to_cp_async": same})
+                    except Exception as error:  # noqa: BLE001
+                        OUT.write({"benchmark": "gpu_mma_split_sweep", "impl": "cuda_mma_3xtf32", "D": D, "step": label,
+                                   "tiling": tdict_of(t), "error": f"{type(error).__name__}: {str(error)[:300]}"})
+        for n, fn in peers(q, k, v, "float32", False, ["torch_sdpa_efficient"]).items():
+            timed("gpu_mma_split_sweep", fn, shape, "float32", False, (n, peer_runs_on(n, "float32")))
+
+
 PARTS = {"check": part_check, "resources": part_resources, "time": part_time, "causal": part_causal,
-         "decode": part_decode, "variants": part_variants, "sanitize": part_sanitize, "chain": part_chain}
+         "decode": part_decode, "variants": part_variants, "sanitize": part_sanitize, "chain": part_chain,
+         "split_sweep": part_split_sweep}
 
 
 def main():
     global OUT, RUN, ENV
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--parts", nargs="+", default=[p for p in PARTS if p not in ("sanitize", "chain")],
+    parser.add_argument("--parts", nargs="+", default=[p for p in PARTS if p not in ("sanitize", "chain", "split_sweep")],
                         choices=list(PARTS))
     parser.add_argument("--chain-cases", nargs="+", default=None, choices=list(CASES),
                         help="the chain part checks these cases only (default: every case)")
@@ -369,9 +415,12 @@ def main():
                         help="the chain part times these (step, head dim) only, e.g. mma_3xtf32:64")
     parser.add_argument("--chain-steps", nargs="+", default=None, choices=("mma_f16", "mma_3xtf32"),
                         help="the chain part checks these steps only (default: both)")
+    parser.add_argument("--chain-labels", nargs="+", default=None,
+                        choices=("ldmatrix", "cp_async", "split_once", "q_shared"),
+                        help="the chain part checks these of its steps only (default: every step)")
     parser.add_argument("--chain-timing-only", action="store_true", help="the chain part checks nothing")
     args = parser.parse_args()
-    CHAIN.update(cases=args.chain_cases, timed=args.chain_timed, steps=args.chain_steps,
+    CHAIN.update(cases=args.chain_cases, timed=args.chain_timed, steps=args.chain_steps, labels=args.chain_labels,
                  timing_only=args.chain_timing_only)
     RUN, ENV = bench.new_run(), bench.gpu_environment()
     with bench.RecordFile(args.out, run=RUN, run_id=RUN, environment=ENV) as OUT:

@@ -129,6 +129,11 @@ def tensor_core_tilings(tc, kind, D):
              ("staged", replace(staged, prefetch=False), 64), ("prefetch", replace(staged, prefetch=True), 64),
              ("ldmatrix", ld, 64), ("cp_async", replace(ld, stages=2), 64),
              ("tuned", tc.default_tiling(kind, D, D), 64), ("decode", tc.decode_tiling(kind, D, D), 1)]
+    if kind == "tf32x3":      # 3xTF32's steps (e) and (f) on top of cp.async
+        found += [("split_once", replace(ld, stages=2, split_once=True), 64),
+                  ("q_shared", replace(ld, stages=2, split_once=True, q_shared=True), 64)]
+    elif kind != "tf32x1":    # (f) for halves
+        found.append(("q_shared", replace(ld, stages=2, q_shared=True), 64))
     seen, out = set(), []
     for label, tiling, Nq in found:
         if (tiling, Nq) not in seen and tc.shared_bytes(kind, tiling, D, D) <= (

@@ -168,13 +168,15 @@ def test_the_tuned_tables_are_what_the_tuned_runs_chose():
 
 
 def test_the_chain_was_checked_at_every_case_and_sanitized():
-    """Steps (c) and (d) passed check_attention at every awkward case in the records, and each tuned tiling's
-    shape was then checked again as the default (gpu_mma_check of a later run)."""
+    """Steps (c) and (d), and 3xTF32's (e) and (f), passed check_attention at every awkward case in the records,
+    and each tuned tiling's shape was then checked again as the default (gpu_mma_check of a later run)."""
     chain = [r for r in records() if r["benchmark"] == "gpu_mma_chain_check"]
-    assert {(r["impl"], r["step"]) for r in chain} == {(i, s) for i in ("cuda_mma_f16", "cuda_mma_3xtf32")
-                                                      for s in ("ldmatrix", "cp_async")}
+    steps = {(i, s) for i in ("cuda_mma_f16", "cuda_mma_3xtf32") for s in ("ldmatrix", "cp_async")}
+    steps |= {("cuda_mma_3xtf32", "split_once"), ("cuda_mma_3xtf32", "q_shared")}
+    assert {(r["impl"], r["step"]) for r in chain} == steps
     assert all(r["verdict"] == "PASS" for r in chain)
-    assert len({r["case"] for r in chain}) >= 11
+    for impl, step in steps:
+        assert len({r["case"] for r in chain if (r["impl"], r["step"]) == (impl, step)}) >= 11, (impl, step)
     later = [r for r in records() if r["benchmark"] == "gpu_mma_check" and r["run"] > max(tc.RUN_TUNED.values())]
     assert {r["impl"] for r in later} >= {"cuda_mma_f16", "cuda_mma_3xtf32"}
     # the tuned tilings, once adopted as the defaults, were checked as defaults: every verdict PASS
@@ -348,3 +350,59 @@ def test_cp_async_tilings_are_checked_when_built():
         tc.make_mma_kernel("f16", tc.MmaTiling(4, 64, staged=False, ldmatrix=True), 64, 64)
     t = tc.MmaTiling(4, 64, ldmatrix=True, stages=2)
     assert tc.shared_bytes("f16", t, 128, 128) == 2 * 4 * 64 * (64 + 64)      # two stages, no padding
+
+
+# Decode's GQA packing (``tc.pack_decode``) is a host transform: the G query heads of a K / V head become G rows
+# of one head, without a mask.  Run through the numpy flash forward, the packed call must give the unpacked one's
+# answer where it packs, and it must not pack where a row's keys depend on its position or its head.
+PACKING = {   # name: (H, Hk, Nq, Nk, options, packs)
+    "gqa4": (8, 2, 1, 70, {}, True),
+    "mqa8_causal_bottom_right": (8, 1, 1, 70, {"causal": True}, True),
+    "gqa2_window_covering_every_key": (4, 2, 1, 70, {"window_size": (80, 3)}, True),
+    "gqa2_left_window": (4, 2, 1, 70, {"window_size": (20, -1)}, False),
+    "gqa2_causal_top_left": (4, 2, 1, 70, {"causal": True, "causal_align": "top_left"}, False),
+    "gqa2_alibi": (4, 2, 1, 70, {"alibi_slopes": np.array([[0.5, 0.25, 0.125, 0.0625]])}, False),
+    "mha": (4, 4, 1, 70, {}, False),
+    "two_rows": (4, 2, 2, 70, {}, False),
+}
+
+
+def packed_forward(q, k, v, opts, mask):
+    """The numpy flash forward on what ``pack_decode`` makes of the call, unpacked as the launcher does."""
+    from course_lib.kernels.flash_numpy import attention_forward
+    B, H, Nq, _ = q.shape
+    group, qp, maskp = tc.pack_decode(q, k, opts, mask)
+    out, lse = attention_forward(qp, k, v, opts, maskp)
+    packed_forward.group = group
+    return out.reshape(B, H, Nq, v.shape[3]), lse.reshape(B, H, Nq)
+
+
+@pytest.mark.parametrize("name", PACKING)
+def test_decode_packs_a_groups_query_heads_only_where_the_answer_is_the_same(name):
+    from course_lib.core.options import call_forward
+    H, Hk, Nq, Nk, options, packs = PACKING[name]
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, H, Nq, 24), (1, Hk, Nk, 24), (1, Hk, Nk, 16)))
+    want, want_lse = course_lib.attention(q, k, v, impl="reference", return_lse=True, **options)
+    got, got_lse = call_forward(packed_forward, q, k, v, return_lse=True, **options)
+    assert (packed_forward.group > 1) == packs, f"{name}: packed into groups of {packed_forward.group}"
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(got_lse, want_lse, rtol=2e-5, atol=2e-6)
+
+
+def test_packing_where_a_row_sees_other_keys_would_be_caught():
+    """Packing the causal top-left call anyway (its one row sees key 0 only) changes the answer: the test above
+    would fail if ``packed_group`` let it through."""
+    from course_lib.core.masks import MaskSpec
+    from course_lib.core.options import call_forward
+    from course_lib.kernels.flash_numpy import attention_forward
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 1, 24), (1, 2, 70, 24), (1, 2, 70, 16)))
+
+    def forced(q, k, v, opts, mask):
+        out, lse = attention_forward(q.reshape(1, 2, 2, 24), k, v, opts, MaskSpec(2, 70))
+        return out.reshape(1, 4, 1, 16), lse.reshape(1, 4, 1)
+    options = {"causal": True, "causal_align": "top_left"}
+    want = course_lib.attention(q, k, v, impl="reference", **options)
+    got = call_forward(forced, q, k, v, **options)
+    assert np.abs(got - want).max() > 0.1

@@ -29,11 +29,11 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are un
 
 from ...core import rules
 from ...core.options import call_forward
-from ...core.reference import nan_lse_where_out_is_nan
+from ...core.reference import lse_of_rebased, nan_lse_where_out_is_nan
 from .. import flash_numba_cuda as ch09
 from .. import launch as host
 from .device import on_gpu
-from .merge import make_merge_kernel
+from .merge import make_merge_kernel, merge_threads
 from .tiled import make_tiled_kernel
 from .tiled_prefetch import make_prefetch_kernel
 from .tiled_staged import make_staged_kernel
@@ -149,8 +149,8 @@ def allow_shared(kernel, args, nbytes):
 def launcher(p: Plan, q, k, v, out, lse, part_out=None, part_lse=None):
     """A zero-argument callable that runs the plan on device arrays (or, in the simulator, numpy ones).
 
-    ``out`` (B, H, Nq, Dv) and ``lse`` (B, H, Nq); with splits > 1 also the partials
-    ``part_out`` (S, B, H, Nq, Dv) and ``part_lse`` (S, B, H, Nq)."""
+    ``out`` (B, H, Nq, Dv) and ``lse`` (B, H, Nq), the lse of ALiBi's rebased scores (``forward`` takes the
+    rebasing back); with splits > 1 also the partials ``part_out`` (S, B, H, Nq, Dv) and ``part_lse`` (S, B, H, Nq)."""
     if p.step in ("row", "row_exp2"):
         run = p.kernel[p.griddim, p.blockdim]
         return lambda: run(q, k, v, *p.args, out, lse)
@@ -164,8 +164,8 @@ def launcher(p: Plan, q, k, v, out, lse, part_out=None, part_lse=None):
     run = p.kernel[p.griddim, p.blockdim, 0, p.shared]
     if p.splits == 1:
         return lambda: run(*args)
-    elements = int(np.prod(p.out_shape))      # the merge takes a thread an output element
-    fold = make_merge_kernel()[-(-elements // 128), 128]
+    threads = merge_threads(int(np.prod(p.out_shape)))     # PIECES threads an output element
+    fold = make_merge_kernel()[-(-threads // 128), 128]
 
     def go_split():
         run(*args)
@@ -197,6 +197,7 @@ def forward(q, k, v, opts, mask, step="tuned", *, tiling=None, splits=1):
     p = replace(p, args=tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in p.args))
     launcher(p, *arrays)()
     out, lse = arrays[3].copy_to_host(), arrays[4].copy_to_host()
+    lse = lse_of_rebased(lse, opts, mask)   # the kernels (and split-KV's merge) summed ALiBi's rebased scores
     return out, nan_lse_where_out_is_nan(out, lse).astype(rules.lse_dtype(q.dtype), copy=False)
 
 

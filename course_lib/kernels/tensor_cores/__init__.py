@@ -27,7 +27,18 @@ The forward runs on a GPU only (inline PTX); the backward runs in numba's simula
 emulated (``sim``).
 """
 from ..cuda_steps.tiling import MAX_SHARED, STATIC_SHARED
-from .forward import attention, available, decode_splits, launcher, make_mma_kernel, mma_forward, plan, version_of
+from .forward import (
+                       attention,
+                       available,
+                       decode_splits,
+                       launcher,
+                       make_mma_kernel,
+                       mma_forward,
+                       pack_decode,
+                       packed_group,
+                       plan,
+                       version_of,
+)
 from .layout import (
                       DECODE_ROWS,
                       HALF_A,
@@ -61,5 +72,5 @@ from .layout import (
 __all__ = ["DECODE_ROWS", "HALF_A", "INPUT_DTYPE", "KINDS", "MAX_SHARED", "RUN_CHAIN", "RUN_TUNED", "STATIC_SHARED",
            "TENSOR_CORE_STEPS", "TF32_A", "TUNED", "TUNED_STAGED", "KernelShape", "MmaTiling", "attention",
            "available", "decode_splits", "decode_tiling", "default_tiling", "k_address", "k_rows", "kernel_shape",
-           "kind_of", "launcher", "make_mma_kernel", "mma_forward", "padded", "plan", "shared_bytes",
-           "staged_tiling", "swizzle", "tf32_key", "v_address", "v_rows", "v_word_address", "version_of", "words"]
+           "kind_of", "launcher", "make_mma_kernel", "mma_forward", "pack_decode", "packed_group", "padded", "plan",
+           "shared_bytes", "staged_tiling", "swizzle", "tf32_key", "v_address", "v_rows", "v_word_address", "version_of", "words"]

@@ -38,6 +38,7 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the impl is unav
     numba = None
 
 from ...core import rules
+from ...core.reference import rebased_lse
 from ...core.reference_backward import delta
 from .. import flash_numba_cuda as ch09
 from .. import launch as host
@@ -46,7 +47,7 @@ from ..cuda_steps.tiling import STATIC_SHARED
 from .layout import HALF_A, kind_of, padded, words
 
 if numba is not None:
-    from ..cuda_steps.device import alibi_distance, softcap, visible
+    from ..cuda_steps.device import alibi_rebased_distance, softcap, visible
     from . import mma, sim
     from .fragments import unroll
     ops = sim if SIMULATOR else mma          # the instructions: emulated in the simulator
@@ -222,7 +223,7 @@ if numba is not None:
         t_ = float32(softcap(s * scale, cap))
         sc = t_
         if alibi:
-            sc -= slope * float32(alibi_distance(i, j, offset))
+            sc -= slope * float32(alibi_rebased_distance(i, j, offset, Nk))
         if edge and (i >= Nq or j >= Nk or not visible(i, j, offset, left, right)):
             return float32(0.0), float32(0.0)
         p = float32(math.exp(sc - lse_i))
@@ -437,6 +438,7 @@ def launcher(q, k, v, out, lse, dout, opts, mask, tiling=None):
     dkdv, dq_k, grid_kv, grid_q, threads, args_kv, args_q, kind = plan(q, k, v, opts, mask, tiling)
     dsum = delta(dout, out, np.float32).astype(np.float32)
     ins = tuple(cuda.to_device(words(x, kind)) for x in (q, k, v, dout))
+    lse = rebased_lse(lse, opts, mask)                              # the kernels' scores are rebased
     ins += tuple(cuda.to_device(np.ascontiguousarray(x, np.float32)) for x in (lse, dsum))
     dev = lambda args: tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
     dargs_kv, dargs_q = dev(args_kv), dev(args_q)

@@ -56,8 +56,9 @@ except ModuleNotFoundError:  # numba (with numba-cuda) missing: the steps are un
     numba = None
 
 from ...core import rules
+from ...core.masks import MaskSpec
 from ...core.options import call_forward
-from ...core.reference import nan_lse_where_out_is_nan
+from ...core.reference import lse_of_rebased, nan_lse_where_out_is_nan
 from .. import launch as host
 from ..cuda_steps.device import on_gpu
 from ..cuda_steps.run import Plan, kernel_args
@@ -89,6 +90,8 @@ def version_of(tiling: MmaTiling):
     """The name of the kernel version (``versions``) that runs ``tiling``: cp.async's two stages, else
     ldmatrix's swizzled tiles, else the padded tiles loaded a word at a time, register-staged, or staged and
     prefetched.  Only the register-staged padded tiles are prefetched (``prefetch`` is step b's)."""
+    if tiling.q_shared:
+        return "q_shared"
     if tiling.stages == 2:
         return "cp_async"
     if tiling.ldmatrix:
@@ -118,9 +121,15 @@ def make_mma_kernel(kind: str, tiling: MmaTiling, D: int, Dv: int):
     if tiling.stages not in (1, 2) or (tiling.stages == 2 and not tiling.ldmatrix):
         raise ValueError(f"stages is 1 or 2, and 2 (cp.async) copies rows as they are: it needs ldmatrix=True "
                          f"(V by keys, swizzled), got {tiling}")
+    if tiling.split_once and (kind != "tf32x3" or not tiling.ldmatrix):
+        raise ValueError(f"split_once is 3xTF32's step on swizzled tiles (ldmatrix=True), got {kind} with {tiling}")
+    if tiling.q_shared and (tiling.stages != 2 or (kind == "tf32x3") != tiling.split_once):
+        raise ValueError(f"q_shared is step (f), on top of cp.async (stages=2), and for 3xTF32 of split_once: got "
+                         f"{kind} with {tiling}")
     make = {"plain": versions.make_plain_kernel, "staged": versions.make_staged_kernel,
             "prefetch": versions.make_prefetch_kernel, "ldmatrix": versions.make_ldmatrix_kernel,
-            "cp_async": versions.make_cp_async_kernel}[version_of(tiling)]
+            "cp_async": versions.make_cp_async_kernel,
+            "q_shared": versions.make_q_shared_kernel}[version_of(tiling)]
     _KERNELS[key] = make(kernel_shape(kind, tiling, D, Dv))
     return _KERNELS[key]
 
@@ -143,18 +152,54 @@ def plan(step, q, k, v, opts, mask, *, tiling=None, splits=1) -> Plan:
     return Plan(step, kernel, grid, tiling.threads, dynamic, args, splits, (B, H, Nq, Dv), launch, tiling)
 
 
-def decode_splits(step, dtype, B, H, Nq, Nk, D, Dv, tiling=None):
+def decode_splits(step, dtype, B, H, Nq, Nk, D, Dv, tiling=None, *, group=1):
     """Split-KV's rule (``tuning.decode_splits``) for a tensor-core launch: (splits, the numbers it used), for
-    the launch's tiling (``decode_tiling`` at decode's few rows); registers taken at their limit, 255."""
+    the launch's tiling (``decode_tiling`` at decode's few rows); registers taken at their limit, 255.
+    ``group``: query heads packed into a block's rows (``packed_group``): H / group blocks of Nq group rows."""
     kind = kind_of(step, dtype)
+    H, Nq = H // group, Nq * group
     tiling = tiling or (decode_tiling(kind, D, Dv) if Nq <= DECODE_ROWS else default_tiling(kind, D, Dv))
     return _decode_splits(B * H * -(-Nq // tiling.Br), -(-Nk // tiling.Bc), tiling, D, Dv, regs=255,
                           shared=shared_bytes(kind, tiling, D, Dv))
 
 
-def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):
+def packed_group(q, k, opts, mask):
+    """How many query heads decode packs into the rows of one block: G = H / Hk when one query row (Nq = 1)
+    of a GQA / MQA call sees every key, else 1.
+
+    The G query heads of a K / V head then share one launch row tile: the block reads its K / V tile once
+    for G rows of the mma instead of G blocks reading it once each for one row (15 of an mma's 16 rows
+    idle).  FlashAttention-2 does the same (``seqlenq_ngroups_swapped`` in ``mha_fwd``: q reshaped from
+    (b, 1, Hk G, d) to (b, G, Hk, d)) under the same conditions: no ALiBi (its bias differs per head, so per
+    packed row) and no window left of the key range or short of its end (the rows, now G query positions,
+    would see different keys).  Causal decode aligned bottom right sees every key, so it packs."""
+    B, H, Nq, _ = q.shape
+    Hk, Nk = k.shape[1], k.shape[2]
+    if Nq != 1 or H == Hk or opts.alibi_slopes is not None or not isinstance(mask, MaskSpec):
+        return 1
+    left, right = mask.window
+    sees_all = (left < 0 or mask.offset - left <= 0) and (right < 0 or mask.offset + right >= Nk - 1)
+    return H // Hk if sees_all else 1
+
+
+def pack_decode(q, k, opts, mask):
+    """(G, q, mask) of the launch: ``packed_group``'s G, and where G > 1 q as (B, Hk, G, D) (head h = kh G + g is
+    row g of K / V head kh: a reshape, no copy) with the mask of G rows that see every key."""
+    group = packed_group(q, k, opts, mask)
+    if group == 1:
+        return 1, q, mask
+    B, H, _, D = q.shape
+    return group, q.reshape(B, H // group, group, D), MaskSpec(group, k.shape[2])
+
+
+def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1, pack=True):
     """(a zero-argument callable that runs one launch on device arrays, out, lse): the inputs converted and
-    copied to the device once, here, so that a timing loop times the kernel (and split-KV's merge) alone."""
+    copied to the device once, here, so that a timing loop times the kernel (and split-KV's merge) alone.
+    Decode's query heads are packed (``packed_group``; ``pack=False``: each its own block, for a benchmark to
+    compare): the launch is one of (B, Hk, G) rows without a mask, and out / lse are views of its rows as (B, H, 1).
+    With ALiBi lse is that of the rebased scores (``mma_forward`` takes the rebasing back)."""
+    B, H, Nq, D = q.shape
+    group, q, mask = pack_decode(q, k, opts, mask) if pack else (1, q, mask)
     p = plan(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
     kind = kind_of(step, q.dtype)
     qw, kw, vw = (cuda.to_device(words(x, kind)) for x in (q, k, v))
@@ -164,7 +209,10 @@ def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1):
     parts = (None, None) if p.splits == 1 else (
         cuda.to_device(np.full((p.splits, *p.out_shape), np.nan, np.float32)),
         cuda.to_device(np.full((p.splits, *p.out_shape[:3]), np.nan, np.float32)))
-    return run_launcher(p, qw, kw, vw, out, lse, *parts), out, lse
+    go = run_launcher(p, qw, kw, vw, out, lse, *parts)
+    if group > 1:
+        out, lse = out.reshape(B, H, Nq, p.out_shape[3]), lse.reshape(B, H, Nq)
+    return go, out, lse
 
 
 def mma_forward(q, k, v, opts, mask, step="mma_f16", *, tiling=None, splits=1):
@@ -174,6 +222,7 @@ def mma_forward(q, k, v, opts, mask, step="mma_f16", *, tiling=None, splits=1):
     go, out, lse = launcher(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
     go()
     out, lse = out.copy_to_host(), lse.copy_to_host()
+    lse = lse_of_rebased(lse, opts, mask)   # the kernel (and split-KV's merge) summed ALiBi's rebased scores
     lse = nan_lse_where_out_is_nan(out, lse).astype(rules.lse_dtype(q.dtype), copy=False)
     return out.astype(rules.out_dtype(q.dtype)), lse
 

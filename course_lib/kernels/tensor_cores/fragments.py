@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from numba import cuda, float32, uint32
 
 from ...core import rules
-from ..cuda_steps.device import alibi_distance, finalize, rescale_exp2, shift_of, softcap, visible
+from ..cuda_steps.device import alibi_rebased_distance, finalize, rescale_exp2, shift_of, softcap, visible
 from . import mma
 from .layout import HALF_A, TF32_A, k_address, k_rows, swizzle, tf32_key, v_address, v_rows, v_word_address
 
@@ -156,26 +156,38 @@ def make_padded_products(shape):
     return unroll(shape.k_chunks * s_tiles, s_step), unroll(shape.pv_chunks * o_tiles, pv_step)
 
 
+def make_k_fragments(shape):
+    """k_fragments(ks, kb, j, kc, lane): B's words of S's key tiles j and j + 1 at k chunk kc, from the
+    swizzled K tile at word kb, by one ldmatrix (``k_rows``; rows of whole 128-byte lines take the folded
+    address, ``k_address``).  Every product on swizzled tiles loads K this way."""
+    key_words, k_folded = shape.key_words, shape.k_folded
+
+    @cuda.jit(device=True, forceinline=True)
+    def k_fragments(ks, kb, j, kc, lane):
+        if k_folded:
+            at = k_addr(lane, j, kc, key_words)
+        else:
+            row, w = k_row(lane, j, kc)
+            at = swz(row, w, key_words)
+        return mma.ldmatrix_x4(ks, kb + at)
+    return k_fragments
+
+
 def make_swizzled_products(shape):
     """(s_product(qf, ks, kb, s, lane), pv_product(s, vs, vb, o, lane)) on swizzled, unpadded tiles at words
     kb and vb (ldmatrix's), V by keys: K's B fragments two tiles at once by ldmatrix (k_rows); V's by a
     transposed ldmatrix for halves (v_rows), word by word for tf32 (ldmatrix moves halves, it cannot
     transpose words).  Rows of whole 128-byte lines take the folded addresses."""
-    s_tiles, o_tiles, key_words, v_words = shape.s_tiles, shape.o_tiles, shape.key_words, shape.v_words
-    k_folded, v_folded = shape.k_folded, shape.v_folded
+    s_tiles, o_tiles, v_words, v_folded = shape.s_tiles, shape.o_tiles, shape.v_words, shape.v_folded
     product, p_as_a = make_product(shape.kind), make_p_as_a(shape.kind)
+    k_fragments = make_k_fragments(shape)
 
     @cuda.jit(device=True, forceinline=True)
     def s_step(x, qf, ks, kb, s, lane):
         """S's fragments j and j + 1 += Q's chunk kc times K's (x = kc s_tiles / 2 + j / 2): their four B
         words by one ldmatrix (k_rows)."""
         kc, j = x // (s_tiles // 2), 2 * (x % (s_tiles // 2))
-        if k_folded:
-            at = k_addr(lane, j, kc, key_words)
-        else:
-            row, w = k_row(lane, j, kc)
-            at = swz(row, w, key_words)
-        b0, b1, b2, b3 = mma.ldmatrix_x4(ks, kb + at)
+        b0, b1, b2, b3 = k_fragments(ks, kb, j, kc, lane)
         s[j, 0], s[j, 1], s[j, 2], s[j, 3] = product(qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b0, b1,
                                                      s[j, 0], s[j, 1], s[j, 2], s[j, 3])
         s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3] = product(
@@ -217,10 +229,155 @@ def make_swizzled_products(shape):
             b1 = v_word(vs, vb, pc * 8 + key_of(w1), e * 8 + n1)
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
 
+    if shape.tiling.split_once:
+        return make_split_once_products(shape)
     s_product = unroll(shape.k_chunks * s_tiles // 2, s_step)
+    if shape.tiling.q_shared:
+        s_product = make_q_shared_product(shape, product)
     if shape.tf32:
         return s_product, unroll(shape.pv_chunks * o_tiles, pv_step_tf32)
     return s_product, unroll(shape.pv_chunks * o_tiles // 2, pv_step_halves)
+
+
+def make_q_shared_product(shape, product):
+    """s_product(qs, qb, ks, kb, s, lane) with Q's chunks read back from shared memory (``make_q_to_shared``)
+    in a loop that is not written out, each chunk's products over S's key tiles written out (``unroll``): ptxas
+    cannot then load every K fragment of the tile ahead of its products, nor hold Q's fragments for the whole
+    kernel."""
+    s_tiles, k_chunks = shape.s_tiles, shape.k_chunks
+    k_fragments = make_k_fragments(shape)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_pair(jp, a0, a1, a2, a3, kc, ks, kb, s, lane):
+        j = 2 * jp
+        b0, b1, b2, b3 = k_fragments(ks, kb, j, kc, lane)
+        s[j, 0], s[j, 1], s[j, 2], s[j, 3] = product(a0, a1, a2, a3, b0, b1, s[j, 0], s[j, 1], s[j, 2], s[j, 3])
+        s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3] = product(
+            a0, a1, a2, a3, b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
+    s_pairs = unroll(s_tiles // 2, s_pair)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_product(qs, qb, ks, kb, s, lane):
+        for kc in range(k_chunks):
+            at = qb + kc * 128
+            s_pairs(qs[at], qs[at + 32], qs[at + 64], qs[at + 96], kc, ks, kb, s, lane)
+    return s_product
+
+
+@cuda.jit(device=True, inline=True)
+def split4(a0, a1, a2, a3):
+    """An A fragment's four words split (``split``): (hi0, hi1, hi2, hi3, lo0, lo1, lo2, lo3)."""
+    h0, l0 = split(a0)
+    h1, l1 = split(a1)
+    h2, l2 = split(a2)
+    h3, l3 = split(a3)
+    return h0, h1, h2, h3, l0, l1, l2, l3
+
+
+@cuda.jit(device=True, inline=True)
+def split_b_product(h0, h1, h2, h3, l0, l1, l2, l3, b0, b1, c0, c1, c2, c3):
+    """3xTF32's C + A B with A already split: B's two words split here, three mma, small terms first."""
+    hb0, lb0 = split(b0)
+    hb1, lb1 = split(b1)
+    c0, c1, c2, c3 = mma.mma_tf32(l0, l1, l2, l3, hb0, hb1, c0, c1, c2, c3)
+    c0, c1, c2, c3 = mma.mma_tf32(h0, h1, h2, h3, lb0, lb1, c0, c1, c2, c3)
+    return mma.mma_tf32(h0, h1, h2, h3, hb0, hb1, c0, c1, c2, c3)
+
+
+def make_split_once_products(shape):
+    """``make_swizzled_products`` for 3xTF32 with each A fragment split once where it is loaded, as CUTLASS's
+    ``mma_tensor_op_fast_f32`` splits its operands once per fragment load: Q's chunk kc once for all of S's
+    key tiles, P's chunk pc once for all of O's dim tiles (split inside every product, the same four words
+    were split s_tiles and o_tiles times over).  The loops over tiles are ``unroll``'s, nested: a fragment
+    indexed by a constant stays in registers."""
+    s_tiles, o_tiles, v_words, v_folded = shape.s_tiles, shape.o_tiles, shape.v_words, shape.v_folded
+    k_fragments = make_k_fragments(shape)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_pair(jp, h0, h1, h2, h3, l0, l1, l2, l3, kc, ks, kb, s, lane):
+        """S's key tiles j = 2 jp and j + 1 += Q's split chunk kc times K's (four B words by one ldmatrix)."""
+        j = 2 * jp
+        b0, b1, b2, b3 = k_fragments(ks, kb, j, kc, lane)
+        s[j, 0], s[j, 1], s[j, 2], s[j, 3] = split_b_product(h0, h1, h2, h3, l0, l1, l2, l3, b0, b1,
+                                                             s[j, 0], s[j, 1], s[j, 2], s[j, 3])
+        s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3] = split_b_product(
+            h0, h1, h2, h3, l0, l1, l2, l3, b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
+    s_pairs = unroll(s_tiles // 2, s_pair)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_chunk(kc, qf, ks, kb, s, lane):
+        h0, h1, h2, h3, l0, l1, l2, l3 = split4(qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3])
+        s_pairs(h0, h1, h2, h3, l0, l1, l2, l3, kc, ks, kb, s, lane)
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_chunk_shared(kc, qs, qb, ks, kb, s, lane):
+        """The same with Q's chunk kc read back from shared memory, split already (``q_split_to_shared``)."""
+        at = qb + kc * 256
+        s_pairs(qs[at], qs[at + 32], qs[at + 64], qs[at + 96], qs[at + 128], qs[at + 160], qs[at + 192],
+                qs[at + 224], kc, ks, kb, s, lane)
+
+    @cuda.jit(device=True, forceinline=True)
+    def o_tile(e, h0, h1, h2, h3, l0, l1, l2, l3, pc, vs, vb, o, lane):
+        """O's dim tile e += P's split chunk pc times V's (B's word w key tf32_key(w), read word by word)."""
+        if v_folded:
+            b0 = vs[vb + vw_addr(lane, 0, e, pc, v_words)]
+            b1 = vs[vb + vw_addr(lane, 1, e, pc, v_words)]
+        else:
+            n0, w0 = b_word(lane, 0)
+            n1, w1 = b_word(lane, 1)
+            b0 = vs[vb + swz(pc * 8 + key_of(w0), e * 8 + n0, v_words)]
+            b1 = vs[vb + swz(pc * 8 + key_of(w1), e * 8 + n1, v_words)]
+        o[e, 0], o[e, 1], o[e, 2], o[e, 3] = split_b_product(h0, h1, h2, h3, l0, l1, l2, l3, b0, b1,
+                                                             o[e, 0], o[e, 1], o[e, 2], o[e, 3])
+    o_tiles_of = unroll(o_tiles, o_tile)
+
+    @cuda.jit(device=True, forceinline=True)
+    def p_chunk(pc, s, vs, vb, o, lane):
+        h0, h1, h2, h3, l0, l1, l2, l3 = split4(mma.word_of(s[pc, TF32_A[0]]), mma.word_of(s[pc, TF32_A[1]]),
+                                                mma.word_of(s[pc, TF32_A[2]]), mma.word_of(s[pc, TF32_A[3]]))
+        o_tiles_of(h0, h1, h2, h3, l0, l1, l2, l3, pc, vs, vb, o, lane)
+
+    k_chunks = shape.k_chunks
+
+    @cuda.jit(device=True, forceinline=True)
+    def s_product_shared(qs, qb, ks, kb, s, lane):
+        """Q's chunks from shared memory in a loop that is not written out: ptxas cannot then load every K
+        fragment of the tile ahead of its products (32 ldmatrix, 128 registers at D = 128)."""
+        for kc in range(k_chunks):
+            s_chunk_shared(kc, qs, qb, ks, kb, s, lane)
+
+    return s_product_shared if shape.tiling.q_shared else unroll(k_chunks, s_chunk), unroll(shape.pv_chunks, p_chunk)
+
+
+def q_chunk_words(shape):
+    """Words of shared memory one lane's Q chunk takes (``make_q_to_shared``): its A fragment's 4, or 8 for
+    3xTF32 split once (hi and lo)."""
+    return 8 if shape.tiling.split_once else 4
+
+
+def make_q_to_shared(shape):
+    """q_to_shared(q, b, h, row0, Nq, lane, qs, qb): this warp's Q fragments into shared memory for the whole
+    kernel, for 3xTF32 split once (hi 0-3, then lo 0-3): chunk kc's words at qb + kc 32 w + 32 r (w =
+    ``q_chunk_words``), lane by lane (qb = the warp's block of words + lane), so a warp reads each back
+    conflict-free.  A lane reads back only what it wrote: no barrier."""
+    k_chunks, split_once = shape.k_chunks, shape.tiling.split_once
+    chunk = 32 * q_chunk_words(shape)
+
+    @cuda.jit(device=True, inline=True)
+    def q_to_shared(q, b, h, row0, Nq, lane, qs, qb):
+        for kc in range(k_chunks):
+            for r in range(4):
+                row, w = a_word(lane, r)
+                val = uint32(0)
+                if row0 + row < Nq:
+                    val = q[b, h, row0 + row, kc * 8 + w]
+                if split_once:
+                    hi, lo = split(val)
+                    qs[qb + kc * chunk + 32 * r] = hi
+                    qs[qb + kc * chunk + 128 + 32 * r] = lo
+                else:
+                    qs[qb + kc * chunk + 32 * r] = val
+    return q_to_shared
 
 
 @cuda.jit(device=True, fastmath=True)
@@ -230,7 +387,7 @@ def rule1(x, lane, r, row0, col0, Nk, edge, scale, cap, alibi, slope, offset, le
     if cap > 0:
         sc = float32(softcap(sc, cap))
     if alibi:
-        sc -= slope * float32(alibi_distance(row0 + row, col0 + col, offset))
+        sc -= slope * float32(alibi_rebased_distance(row0 + row, col0 + col, offset, Nk))
     if edge:
         if col0 + col >= Nk or not visible(row0 + row, col0 + col, offset, left, right):
             sc = NEG_INF

@@ -48,6 +48,8 @@ class MmaTiling:
                              # step b's padded tiles only: the ldmatrix and cp.async versions do not prefetch
     ldmatrix: bool = False   # B fragments by ldmatrix from swizzled, unpadded tiles (V by keys, not transposed)
     stages: int = 1          # 2: cp.async copies the next tile into a second buffer during this one
+    split_once: bool = False  # 3xTF32, swizzled tiles: each A fragment split once where it is loaded (step e)
+    q_shared: bool = False   # with cp.async: Q's fragments in shared memory, read back a chunk at a time (step f)
 
     @property
     def Br(self):
@@ -199,7 +201,8 @@ def shared_bytes(kind, tiling, D, Dv):
     Bc, Dp, Ep = tiling.Bc, padded(D, kind), padded(Dv, kind)
     w = 1 if kind.startswith("tf32") else 2
     if tiling.ldmatrix:
-        return 4 * tiling.stages * Bc * (Dp + Ep) // w
+        q_words = (2 if tiling.split_once else 1) * tiling.Br * Dp // w if tiling.q_shared else 0   # 3xTF32: hi, lo
+        return 4 * tiling.stages * Bc * (Dp + Ep) // w + 4 * q_words
     if kind.startswith("tf32"):
         return 4 * (Bc * (Dp + 4) + Bc * (Ep + 4))
     return 4 * (Bc * (Dp // 2 + 4) + Ep * (Bc // 2 + 4))

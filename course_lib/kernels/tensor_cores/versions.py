@@ -7,7 +7,10 @@
     make_ldmatrix_kernel  (c)  staged loads into swizzled, unpadded tiles, V by keys; K's B fragments (and V's,
                           transposed, for halves) by ``ldmatrix``
     make_cp_async_kernel  (d)  the tiles copied by ``cp.async`` into two stages, the next tile's copies in
-                          flight during this one
+                          flight during this one; for 3xTF32, (e) with each A fragment split once where it
+                          is loaded (``MmaTiling.split_once``: the products are ``fragments``')
+    make_q_shared_kernel  (f)  Q's fragments in shared memory (for 3xTF32 split once), read back a chunk at a
+                          time, instead of held in registers
 
 Everything else (Q's fragments in registers, S = Q K^T, the rules and the online softmax on S's
 accumulators, P straight into P V's A fragments, the write-back) is ``fragments``'; each factory takes a
@@ -22,7 +25,7 @@ from numba import cuda, float32, uint32
 
 from ...core import rules
 from . import mma
-from .fragments import make_padded_products, make_swizzled_products, make_tile_math
+from .fragments import make_padded_products, make_q_to_shared, make_swizzled_products, make_tile_math, q_chunk_words
 from .loads import make_copy, make_fetch, make_place
 
 
@@ -293,3 +296,63 @@ def make_cp_async_kernel(shape):
             cuda.syncthreads()         # nobody reads this stage any more: the copy after next may fill it
         write_back(o, m, l, out, lse, split_, b, h, row0, lane, Nq)
     return cp_async_kernel
+
+
+def make_q_shared_kernel(shape):
+    """(f): (d) (for 3xTF32 (e)) with Q's fragments put into shared memory after the two K / V stages at the start
+    (``make_q_to_shared``; 3xTF32's split once) and read back a chunk at a time in a loop that is not written
+    out: Q's words (64 a thread for 3xTF32 at D = 128) no longer live in registers for the whole kernel beside
+    O's accumulators, and ptxas cannot load a whole tile's K fragments ahead of their products."""
+    Bc, warps = shape.tiling.Bc, shape.tiling.warps
+    k_chunks, s_tiles, o_tiles = shape.k_chunks, shape.s_tiles, shape.o_tiles
+    k_tile, v_tile = shape.k_tile_words, shape.v_tile_words
+    f = make_tile_math(shape)
+    block_of, start, visits, zero_s, softmax, write_back = (
+        f.block_of, f.start, f.visits, f.zero_s, f.softmax, f.write_back)
+    s_product, pv_product = make_swizzled_products(shape)
+    q_to_shared = make_q_to_shared(shape)
+    copy = make_copy(shape)
+    q_words = k_chunks * 32 * q_chunk_words(shape)     # one warp's Q in shared memory
+
+    @cuda.jit(fastmath=True)
+    def q_shared_kernel(q, k, v, visit, nvisit, tiles, kv_head, scale, cap, alibi, slopes, offset, left, right,
+                        out, lse):
+        Nq, Nk = q.shape[2], k.shape[2]
+        b, h, kh, tr, split_, t, lane, row0, slope = block_of(q, kv_head, slopes)
+        dyn = cuda.shared.array(0, uint32)
+        ks = dyn[:2 * k_tile]
+        vs = dyn[2 * k_tile:2 * k_tile + 2 * v_tile]
+        qs = dyn[2 * k_tile + 2 * v_tile:2 * k_tile + 2 * v_tile + warps * q_words]
+        qb = (t // 32) * q_words + lane
+        q_to_shared(q, b, h, row0, Nq, lane, qs, qb)
+        s = cuda.local.array((s_tiles, 4), float32)
+        o = cuda.local.array((o_tiles, 4), float32)
+        m = cuda.local.array(2, float32)
+        l = cuda.local.array(2, float32)
+        start(o, m, l)
+        first, last = visits(nvisit, tr, split_)
+        k_head, v_head = k[b, kh], v[b, kh]
+        if first < last:
+            copy(k_head, v_head, visit[tr, first] * Bc, Nk, t, ks, vs, 0, 0)
+            mma.cp_async_commit()
+        for n in range(first, last):
+            tc = visit[tr, n]
+            c0 = tc * Bc
+            stage = (n - first) & 1
+            if n + 1 < last:
+                copy(k_head, v_head, visit[tr, n + 1] * Bc, Nk, t, ks, vs, (1 - stage) * k_tile,
+                     (1 - stage) * v_tile)
+                mma.cp_async_commit()
+                mma.cp_async_wait1()
+            else:
+                mma.cp_async_wait0()
+            cuda.syncthreads()
+
+            zero_s(s)
+            s_product(qs, qb, ks, stage * k_tile, s, lane)
+            edge = tiles[tr, tc] == rules.PARTIAL or c0 + Bc > Nk
+            softmax(s, o, m, l, edge, lane, row0, c0, Nk, scale, cap, alibi, slope, offset, left, right)
+            pv_product(s, vs, stage * v_tile, o, lane)
+            cuda.syncthreads()
+        write_back(o, m, l, out, lse, split_, b, h, row0, lane, Nq)
+    return q_shared_kernel
