@@ -50,9 +50,10 @@ appending records of its own benchmark name):
   alone, and torch on one thread; and the page faults of one call of the
   kernel and of ``flash_numba_cpu_wide`` (tile buffers allocated per work
   item), with that step's time; on a CPU with AVX-512, all of it once more
-  with OpenBLAS's AVX-512 kernels (``OPENBLAS_CORETYPE=SkylakeX``: this
-  course's machine sets ``OPENBLAS_CORETYPE=Haswell``, AVX2, in its
-  environment), each record saying which kernels it ran (``blas_core``).
+  with the other of OpenBLAS's AVX2 and AVX-512 kernels (``OPENBLAS_CORETYPE``
+  ``Haswell`` or ``SkylakeX``; without it OpenBLAS picks its kernels from the
+  CPU), each record saying which kernels it ran (``blas_core``) and, in its
+  environment's ``cpu_identity``, on which microarchitecture.
 
 Every round records the 1-minute load average its worker saw (``load_1min``).
 
@@ -420,9 +421,13 @@ def run_parts(parts, rounds, out):
             busy.wait()
         record_rounds(out, "cpu_contention", run, env, results)
     if "phases" in parts:
-        # As this environment sets OpenBLAS up (OPENBLAS_CORETYPE, if set, picks its kernels), and, on a
-        # CPU with AVX-512, once more with OpenBLAS's AVX-512 kernels, labelled as such.
-        cores = [{}] + ([{"OPENBLAS_CORETYPE": "SkylakeX"}] if avx512() else [])
+        # As this environment sets OpenBLAS up (OPENBLAS_CORETYPE, if set, picks its kernels, else the
+        # CPU does), and, on a CPU with AVX-512, once more with the other of OpenBLAS's AVX2 ("Haswell")
+        # and AVX-512 ("SkylakeX") kernels; each record says which it ran (blas_core).
+        from course_lib.kernels import cpu_steps
+        chosen = cpu_steps.blas_core()
+        cores = [{}] + ([{"OPENBLAS_CORETYPE": "Haswell" if chosen == "SkylakeX" else "SkylakeX"}]
+                        if avx512() else [])
         for (shape, causal), blas_env in [(case, e) for e in cores for case in PHASES]:
             r = run_worker(["--phases", *map(str, shape)], **blas_env)
             B, H, N, D = shape
@@ -459,7 +464,8 @@ def avx512():
 def phases_worker(shape, repeats=5):
     """Where one thread's time goes in flash_numba_cpu at ``shape``: the kernel, its tile matmuls alone
     (the same np.dot calls on the same tiles), its row passes alone (softmax_tile_exp2 on a tile of scores, as
-    many times as the kernel calls it), and torch on one thread; the fastest of ``repeats`` each."""
+    many times as the kernel calls it), and torch on one thread; each the fastest of ``repeats`` rounds, the
+    pieces in turn within a round."""
     import numba
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -500,15 +506,6 @@ def phases_worker(shape, repeats=5):
         call()
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-    def fastest(call):
-        call()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
     scores = (np.random.default_rng(1).standard_normal((Br, Bc)) * 2).astype(np.float32)
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
 
@@ -516,23 +513,37 @@ def phases_worker(shape, repeats=5):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
             torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
     tiles = H * -(-N // Br) * -(-N // Bc)
-    copy_s = fastest(lambda: row_passes(scores, tiles, D, False))     # the copies alone, taken off below
 
     def kernel():
         course_lib.attention(q, k, v, impl="flash_numba_cpu")
 
     def per_item():                                                    # the step before "scratch"
         course_lib.attention(q, k, v, impl="flash_numba_cpu_wide")
+    pieces = {"kernel_s": kernel, "buffers_per_item_s": per_item, "matmuls_s": lambda: matmuls(q, k, v, Br, Bc),
+              "row_pass_s": lambda: row_passes(scores, tiles, D, True), "torch_s": torch_call,
+              "copies_s": lambda: row_passes(scores, tiles, D, False)}  # the copies alone, taken off the row pass
+    for call in pieces.values():
+        call()                                                         # compile, fault in
+    # The pieces in turn, round after round, the fastest of each kept: a load that comes and goes on a
+    # shared machine slows every piece's rounds alike instead of one piece's.
+    rounds, loads = {name: [] for name in pieces}, []
+    for _ in range(repeats):
+        loads.append(os.getloadavg()[0])
+        for name, call in pieces.items():
+            start = time.perf_counter()
+            call()
+            rounds[name].append(time.perf_counter() - start)
+    fastest = {name: min(times) for name, times in rounds.items()}
     print(json.dumps({
-        "kernel_s": fastest(kernel), "kernel_faults": faults(kernel),
-        "buffers_per_item_s": fastest(per_item), "buffers_per_item_faults": faults(per_item),
+        **{name: fastest[name] for name in ("kernel_s", "buffers_per_item_s", "matmuls_s", "torch_s")},
+        "row_pass_s": fastest["row_pass_s"] - fastest["copies_s"],
+        "kernel_faults": faults(kernel), "buffers_per_item_faults": faults(per_item),
         "malloc_env": {name: os.environ.get(name) for name in MALLOC_ENV},
-        "matmuls_s": fastest(lambda: matmuls(q, k, v, Br, Bc)),
-        "row_pass_s": fastest(lambda: row_passes(scores, tiles, D, True)) - copy_s,
-        "torch_s": fastest(torch_call), "tiles": [Br, Bc], "threads": 1, "load_1min": os.getloadavg()[0],
+        "rounds_s": rounds, "tiles": [Br, Bc], "threads": 1, "load_1min": max(loads), "loads_1min": loads,
         "blas_core": fnc.blas_core(),
-        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (softmax_tile_exp2), torch; "
-                "flash_numba_cpu_wide (buffers per item) and page faults of one call each"}))
+        "what": "one thread: the kernel, its tile matmuls alone, its row passes alone (softmax_tile_exp2), torch, "
+                "flash_numba_cpu_wide (buffers per item), in turn, the fastest of the rounds; page faults of one "
+                "call each"}))
 
 
 def roofline_worker(runs=7):

@@ -53,6 +53,41 @@ def test_environment_names_the_machine_the_versions_and_the_date():
     json.dumps(env)  # must be storable as JSON
 
 
+def test_environment_names_the_cpus_microarchitecture_where_linux_says():
+    cpu = bench.environment()["cpu_identity"]
+    if not Path("/proc/cpuinfo").exists():
+        assert cpu == {}
+        return
+    assert {"vendor", "family", "model", "stepping", "microarchitecture", "simd"} <= set(cpu)
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    assert ("avx2" in cpu["simd"]) == (" avx2" in flags)
+    assert ("avx512f" in cpu["simd"]) == (" avx512f" in flags)
+
+
+@pytest.mark.parametrize("vendor, family, model, name", [
+    ("AuthenticAMD", 25, 0x11, "Zen 4"), ("AuthenticAMD", 25, 0x61, "Zen 4"), ("AuthenticAMD", 25, 0x01, "Zen 3"),
+    ("AuthenticAMD", 25, 0x21, "Zen 3"), ("AuthenticAMD", 23, 0x31, "Zen 2"), ("AuthenticAMD", 26, 0x02, "Zen 5"),
+    ("GenuineIntel", 6, 0x8F, "Sapphire Rapids"), ("GenuineIntel", 6, 0x55, "Skylake-SP / Cascade Lake / Cooper Lake"),
+    ("GenuineIntel", 6, 0x01, None), ("HygonGenuine", 24, 0x00, None)])
+def test_microarchitecture_by_family_and_model(vendor, family, model, name):
+    from course_lib.core import machine
+    assert machine.microarchitecture(vendor, family, model) == name
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("\tvfmadd213ps\t(%rbx), %zmm4, %zmm0", "zmm packed memory"),
+    ("\tvfmadd231ps\t%zmm18, %zmm22, %zmm9", "zmm packed register"),
+    ("\tvfmadd231ps\t%ymm1, %ymm2, %ymm3", "ymm packed register"),
+    ("\tvfnmadd231ps\t%xmm1, %xmm2, %xmm3", "xmm packed register"),
+    ("\tvfmadd231ss\t%xmm0, %xmm4, %xmm5", "scalar register"),
+    ("\tvfmadd213ss\t256(%rbx,%rdi,4), %xmm3, %xmm4", "scalar memory"),
+    ("\tvmaxps\t%zmm8, %zmm4, %zmm3", None), ("\tvmulps\t%ymm1, %ymm2, %ymm3", None)])
+def test_an_fma_is_counted_by_width_lanes_and_operand(line, kind):
+    from course_lib.bench import simd
+    assert simd.fma_kind(line) == kind
+    assert simd.fma_table(f"{line}\n{line}\n\tret") == ({kind: 2} if kind else {})
+
+
 def test_a_record_has_every_field_the_design_requires():
     rec = bench.record(benchmark="t", impl="flash_numpy", shape=(2, 4, 128, 256, 64), dtype=np.float32,
                        causal=False, block_q=64, block_k=32, time_s=0.5, env=ENV)

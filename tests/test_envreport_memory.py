@@ -14,10 +14,18 @@ from conftest import make_qkv
 # -- the environment report ------------------------------------------------------
 
 def report_lines():
-    """The printed report as {name: value}."""
+    """The printed report as {name: value}; a line that starts with blanks goes on with the value above."""
     text = io.StringIO()
     envreport.report(file=text)
-    return {k.strip(): v.strip() for k, v in (line.split(" : ", 1) for line in text.getvalue().splitlines())}
+    values, name = {}, None
+    for line in text.getvalue().splitlines():
+        assert len(line) <= envreport.WIDTH, line
+        if line.startswith(" "):
+            values[name] += " " + line.strip()
+        else:
+            name, value = (part.strip() for part in line.split(" : ", 1))
+            values[name] = value
+    return values
 
 
 def test_report_names_python_and_every_pinned_package():

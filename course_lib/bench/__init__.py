@@ -21,6 +21,7 @@ timings taken minutes apart on a shared machine are not comparable.
 - ``ncu``: the command that runs a benchmark's child under Nsight Compute, and the rows it prints;
 - ``peers``: PyTorch's naive attention and SDPA backends, the peers of every comparison;
 - ``envreport``: the versions and devices of this machine, printed;
+- ``simd``: a compiled loop's FMAs counted by register width, lanes and operand (chapter 08);
 - ``cli``: ``python -m course_lib.bench``, the shape buckets and their report;
 - ``matrix``: ``--matrix``, the regression matrix over three paths and its comparison with the records.
 """

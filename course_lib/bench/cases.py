@@ -1,7 +1,7 @@
 """The awkward cases every CUDA attention kernel is checked on, in the simulator and on a GPU.
 
 Tails, Nq != Nk, GQA / MQA, causal both ways, a window, softcap with ALiBi,
-rows that see no key, split-KV and decode: the tests run them in numba's
+ALiBi far from the diagonal, rows that see no key, split-KV and decode: the tests run them in numba's
 simulator at these sizes, and the GPU benchmarks run the same cases (and
 larger ones) before they time anything, so a speed is only ever quoted for a
 kernel that passed them.
@@ -32,6 +32,8 @@ FORWARD_CASES = {
     "nk_below_one_tile": (1, 2, 1, 11, 3, 8, 8, {}, 1),
     "split_kv_causal": (1, 2, 1, 9, 40, 8, 8, {"causal": True}, 3),
     "decode_split_kv": (2, 2, 1, 1, 45, 16, 16, {}, 4),
+    # many more queries than keys: ALiBi's bias of the first rows runs to hundreds (rebased, it stays small)
+    "alibi_far_from_the_diagonal_mqa": (1, 2, 1, 256, 3, 8, 8, {"alibi_slopes": [3.0, 0.9]}, 1),
 }
 
 BACKWARD_CASES = {
@@ -42,6 +44,7 @@ BACKWARD_CASES = {
                                       {"softcap": 1.5, "causal": True, "causal_align": "top_left",
                                        "alibi_slopes": [0.5, 0.1]}),
     "empty_rows": (1, 2, 2, 12, 9, 4, 4, {"window_size": (0, 0), "causal_align": "top_left"}),
+    "alibi_far_from_the_diagonal_mqa": (1, 2, 1, 256, 3, 8, 8, {"alibi_slopes": [3.0, 0.9]}),
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import platform
 import sys
+import textwrap
 from importlib import metadata
 
 from ..core.machine import cache_sizes, cpu_cores, cpu_model, gpu
@@ -68,8 +69,12 @@ def notes(facts: dict) -> list:
     return found
 
 
+WIDTH = 110     # JupyterLab's width: a longer value goes on over lines indented to the values' column
+
+
 def format_report(facts: dict) -> str:
-    """The report as aligned "name: value" lines."""
+    """The report as aligned "name : value" lines, none wider than ``WIDTH`` (a long value, such as the list
+    of impls, goes on over lines that start with blanks)."""
     cores = facts["cpu_cores"]
     core_text = f"{cores['logical']} logical"
     if cores["usable"] != cores["logical"]:
@@ -87,7 +92,13 @@ def format_report(facts: dict) -> str:
              ("gpu", f"[{g['kind']}] {gpu_text}"), ("impls", ", ".join(facts["impls"]))]
     rows += [("note", text) for text in notes(facts)]
     width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}} : {value}" for name, value in rows)
+    lines = []
+    for name, value in rows:
+        head = f"{name:<{width}} : "
+        parts = textwrap.wrap(str(value), WIDTH - len(head), break_long_words=False, break_on_hyphens=False)
+        lines.append(head + (parts[0] if parts else ""))
+        lines += [" " * len(head) + part for part in parts[1:]]
+    return "\n".join(lines)
 
 
 def report(file=None) -> None:

@@ -37,17 +37,30 @@ path that silently computes every tile (SDPA given a mask tensor does).
 ``compare`` holds a run against a committed one, bucket by bucket.  On a shared
 machine the load only ever adds time, so the fastest round is the best estimate
 of the code's own time, and how far the median round sits above it (``noise``,
-median / min - 1) is how much the load disturbed that run.  A bucket's fastest
-time is a regression when it grew by more than the noise of the two runs allows
-(``threshold``: 1 + max(``FLOOR``, ``NOISE_K`` x the larger noise)); an error that grew past twice the old one plus the
-dtype's rounding, a bucket that ran and now refuses, and a new fallback are
-flagged too.  The records alone decide: nothing is re-run to compare.
+median / min - 1) is how much the load disturbed that run.  A load that stays for
+a whole run (another user's job on a 2-core machine) slows every round alike and
+leaves no noise, so a run also measures its ``drift``: the median, over every
+timed record, of new / old fastest rounds.  The reference and public paths, two
+thirds of the records, are code a kernel change does not touch, so the drift is
+the machine's speed today against the record's.  A bucket's fastest time is a
+regression when, over the drift, it grew by more than the noise of the two runs
+allows (``threshold``: 1 + max(``FLOOR``, ``NOISE_K`` x the larger noise)); an
+error that grew past twice the old one plus the dtype's rounding, a bucket that
+ran and now refuses, and a new fallback are flagged too.  Times are compared only
+between runs of one machine (``identity_differs``: the CPU's vendor, family,
+model, stepping, feature flags and cores, not only its name), and only where
+neither run met a load above ``LOAD_LIMIT`` runnable threads per core (on an
+oversubscribed machine the load changes from bucket to bucket faster than a
+run's few rounds can see); the comparison says the load each run met.  The
+records alone decide: nothing is re-run to compare.  Where both versions of the code are at hand, ``run_pair`` measures
+them in the same interleaved rounds, so that whatever load comes meets both, and
+their times are compared under any load.
 """
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +79,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 MASKS = ("none", "causal", "window")
 FLOOR = 0.10         # a time within 10% of the old one is never a regression, however quiet the runs
 NOISE_K = 2.0        # a time may move by this many times the noisier run's noise before it counts
+LOAD_LIMIT = 1.5     # runnable threads per core (1-minute load average) above which other work held the cores
 REFERENCE_BYTES = 2 * 2 ** 30   # the float64 reference materialises S (and P): refused above this
 
 
@@ -197,8 +211,18 @@ def _as64(out):
     return np.asarray(out).astype(np.float64)
 
 
-def measure(bucket, paths=None, rounds=3, seed=0, clock=time.perf_counter):
-    """{path: result} for one bucket: every round's seconds, the error against the reference, what ran."""
+def reverse(order):
+    return order[::-1]
+
+
+def pairwise(order):
+    """(a, b, c, d) -> (b, a, d, c): two versions of a path stay side by side and take turns going first."""
+    return [order[i ^ 1] if (i ^ 1) < len(order) else order[i] for i in range(len(order))]
+
+
+def measure(bucket, paths=None, rounds=3, seed=0, clock=time.perf_counter, truth="reference", swapped=reverse):
+    """{path: result} for one bucket: every round's seconds, the error against the reference (the path
+    named ``truth``), what ran.  ``swapped(order)`` is the order of every other round."""
     paths = paths or DEFAULT_PATHS
     q, k, v = inputs(bucket, seed)
     calls, results, outs = {}, {}, {}
@@ -212,12 +236,13 @@ def measure(bucket, paths=None, rounds=3, seed=0, clock=time.perf_counter):
             results[name] = {"refused": str(why)}
         except (MemoryError, RuntimeError, ValueError, TypeError) as error:
             results[name] = {"refused": f"{type(error).__name__}: {str(error)[:200]}"}
-    for _ in range(rounds):                   # alternated: one call of each path per round
-        for name, fn in calls.items():
+    order = list(calls.items())
+    for i in range(rounds):                   # alternated: one call of each path per round, each path first
+        for name, fn in (order if i % 2 == 0 else swapped(order)):   # as often as second
             start = clock()
             fn()
             results[name]["times_s"].append(clock() - start)
-    ref = outs.get("reference")
+    ref = outs.get(truth)
     if ref is None:                           # the reference refused: the float64 truth from flash_numpy's tiles
         from .. import api
         ref = api.attention(*(x.astype(np.float64) for x in (q, k, v)), impl="flash_numpy", causal=bucket.causal,
@@ -244,15 +269,20 @@ def to_record(bucket, path, result, run_id, env):
             "tflops": bucket.flops() / (med / 1e3) / 1e12, "max_abs_err": result["max_abs_err"]}
 
 
-def run(todo, out=None, paths=None, rounds=3, progress=True) -> list:
-    """Measure every bucket of ``todo`` over ``paths``; records appended to ``out`` (JSON lines) and returned."""
-    from tqdm.auto import tqdm
-    env, run_id = environment(), new_run()
+def _environment():
+    env = environment()
     torch = torch_or_none()
     if torch is not None:
         env["torch"] = torch.__version__
         env["torch_threads"] = torch.get_num_threads()
     env["load_average"] = list(os.getloadavg())      # 1, 5 and 15 minutes, before and after the run
+    return env
+
+
+def run(todo, out=None, paths=None, rounds=3, progress=True) -> list:
+    """Measure every bucket of ``todo`` over ``paths``; records appended to ``out`` (JSON lines) and returned."""
+    from tqdm.auto import tqdm
+    env, run_id = _environment(), new_run()
     records = []
     for bucket in tqdm(todo, desc="matrix", disable=not progress):
         for path, result in measure(bucket, paths, rounds).items():
@@ -263,9 +293,30 @@ def run(todo, out=None, paths=None, rounds=3, progress=True) -> list:
     return records
 
 
+def run_pair(todo, before=None, after=None, rounds=5, progress=True) -> tuple:
+    """(before's records, after's records): two versions of the paths (``before``, ``after``: {path: make})
+    measured in the same interleaved rounds, bucket by bucket, each path's two versions side by side
+    and taking turns going first, so that a load that comes and goes meets both alike.  The two record
+    lists are two runs (ids ``<stamp> before`` and ``<stamp> after``) that ``compare`` holds against
+    each other."""
+    from tqdm.auto import tqdm
+    before, after = before or DEFAULT_PATHS, after or DEFAULT_PATHS
+    env, stamp = _environment(), new_run()
+    env["interleaved_with"] = stamp          # the two runs met one load: compare reads them as a pair
+    both = {(side, p): paths[p] for p in before for side, paths in (("before", before), ("after", after))}
+    out = {"before": [], "after": []}
+    for bucket in tqdm(todo, desc="matrix pair", disable=not progress):
+        for (side, path), result in measure(bucket, both, rounds, truth=("before", "reference"),
+                                              swapped=pairwise).items():
+            out[side].append(to_record(bucket, path, result, f"{stamp} {side}", env))
+    env["load_average_end"] = list(os.getloadavg())
+    return out["before"], out["after"]
+
+
 # -- comparing with the records -----------------------------------------------------------
 
 KEY = ("workload", "bucket", "B", "H", "Nq", "Nk", "D", "dtype", "mask", "path")
+IDENTITY = ("vendor", "family", "model", "stepping", "flags_sha", "logical", "usable")
 
 
 def key_of(r):
@@ -273,7 +324,7 @@ def key_of(r):
 
 
 def threshold(old, new):
-    """The largest ratio of fastest rounds (new / old) that the two runs' own noise explains."""
+    """The largest ratio of fastest rounds (new / old, over the drift) that the two runs' own noise explains."""
     return 1 + max(FLOOR, NOISE_K * max(old["noise"], new["noise"]))
 
 
@@ -282,39 +333,102 @@ def rounding(dtype):
     return float(np.finfo(_numpy_dtype(dtype)).eps) if dtype != "bfloat16" else 2.0 ** -8
 
 
-def compare(old_records, new_records) -> list:
-    """Regressions of ``new_records``' run against ``old_records``' latest run of the same device, as
-    dicts {key, what, old, new, limit, record}.  Only buckets present in both are compared."""
+def identity_differs(old_env, new_env) -> str:
+    """"" when two runs ran on one kind of machine (CPU vendor, family, model, stepping, feature flags and
+    cores all equal), else what differs: a name like "AMD EPYC" alone says too little."""
+    a, b = old_env.get("cpu_identity"), new_env.get("cpu_identity")
+    if not a or not b:
+        return "the CPU's identity (family, model, stepping, flags, cores) is not recorded"
+    return ", ".join(f"{k} {a.get(k)} -> {b.get(k)}" for k in IDENTITY if a.get(k) != b.get(k))
+
+
+def load_per_core(env):
+    """The 1-minute load average per usable core the run met: the larger of its start's and its end's."""
+    loads = [env[k][0] for k in ("load_average", "load_average_end") if env.get(k)]
+    cores = (env.get("cpu_identity") or env.get("cpu_cores") or {}).get("usable") or 1
+    return max(loads) / cores if loads else None
+
+
+@dataclass
+class Comparison:
+    """What ``compare`` found: the run held against (``baseline``), the flagged buckets, the machine's
+    ``drift`` (median new / old fastest round over the ``timed`` records), why times were not compared
+    (``untimed``, "" when they were) and the load per core each run met."""
+
+    baseline: str = None
+    flagged: list = field(default_factory=list)
+    drift: float = 1.0
+    timed: int = 0
+    untimed: str = ""
+    loads: tuple = (None, None)
+
+
+def _runs(records):
+    """The runs among ``records``, oldest first, each a list of its records."""
+    runs = {}
+    for r in records:
+        runs.setdefault(r["run"], []).append(r)
+    return list(runs.values())
+
+
+def _flags(o, r):
+    """The regressions of record ``r`` against ``o`` that do not depend on the machine's speed."""
+    out = []
+    if o.get("median_ms") and not r.get("median_ms"):
+        return [dict(key=key_of(r), what="refused, ran before", old=o["median_ms"], new=None, limit=None, record=r,
+                     why=r.get("refused"))]
+    if not (o.get("median_ms") and r.get("median_ms")):
+        return []
+    err_limit = 2 * o["max_abs_err"] + rounding(r["dtype"])
+    if r["max_abs_err"] > err_limit:
+        out.append(dict(key=key_of(r), what="error", old=o["max_abs_err"], new=r["max_abs_err"], limit=err_limit,
+                        record=r, why=f"max error {r['max_abs_err']:.3g} > {err_limit:.3g}"))
+    if r.get("fallback") and not o.get("fallback"):
+        out.append(dict(key=key_of(r), what="fallback", old=o.get("ran"), new=r.get("ran"), limit=None, record=r,
+                        why=r.get("ran")))
+    return out
+
+
+def compare(old_records, new_records) -> Comparison:
+    """``new_records``' latest run against the latest run of ``old_records`` on the same CPU: its errors,
+    refusals and fallbacks, and, where the two runs' machines are one (``identity_differs``), its times
+    over the drift.  Only buckets present in both are compared."""
     new = latest_run([r for r in new_records if r.get("benchmark") == BENCHMARK])
     if not new:
-        return []
-    device = new[0]["device"]
-    old = latest_run([r for r in old_records if r.get("benchmark") == BENCHMARK and r.get("device") == device])
+        return Comparison(untimed="no matrix run to compare")
+    env = new[0]["environment"]
+    runs = [run_ for run_ in _runs([r for r in old_records if r.get("benchmark") == BENCHMARK])
+            if run_[0]["run"] != new[0]["run"] and run_[0].get("device") == new[0]["device"]]
+    if not runs:
+        return Comparison(untimed=f"no run of this CPU ({new[0]['device']}) to compare with")
+    same = [run_ for run_ in runs if not identity_differs(run_[0]["environment"], env)]
+    old = (same or runs)[-1]
+    result = Comparison(baseline=old[0]["run_id"], untimed="" if same else
+                        f"not the same machine as run {old[0]['run_id']}: " + identity_differs(old[0]["environment"], env),
+                        loads=(load_per_core(old[0]["environment"]), load_per_core(env)))
+    paired = env.get("interleaved_with") and env.get("interleaved_with") == old[0]["environment"].get("interleaved_with")
+    busy = [x for x in result.loads if x is not None and x > LOAD_LIMIT]
+    if busy and not paired and not result.untimed:
+        result.untimed = (f"a load of {max(busy):.1f} runnable threads per core (above {LOAD_LIMIT}): other work held "
+                          f"the cores, and one run's times cannot tell its load from the code's (run_pair can)")
     before = {key_of(r): r for r in old}
-    flagged = []
-    for r in new:
-        o = before.get(key_of(r))
-        if o is None:
-            continue
-        if o.get("median_ms") and not r.get("median_ms"):
-            flagged.append(dict(key=key_of(r), what="refused, ran before", old=o["median_ms"], new=None,
-                                limit=None, record=r, why=r.get("refused")))
-            continue
-        if not (o.get("median_ms") and r.get("median_ms")):
-            continue
-        ratio, limit = r["min_ms"] / o["min_ms"], threshold(o, r)
-        if ratio > limit:
-            flagged.append(dict(key=key_of(r), what="time", old=o["min_ms"], new=r["min_ms"], limit=limit,
-                                record=r, why=f"fastest round {o['min_ms']:.3g} -> {r['min_ms']:.3g} ms, {ratio:.2f}x; "
-                                            f"the noise allows {limit:.2f}x"))
-        err_limit = 2 * o["max_abs_err"] + rounding(r["dtype"])
-        if r["max_abs_err"] > err_limit:
-            flagged.append(dict(key=key_of(r), what="error", old=o["max_abs_err"], new=r["max_abs_err"],
-                                limit=err_limit, record=r, why=f"max error {r['max_abs_err']:.3g} > {err_limit:.3g}"))
-        if r.get("fallback") and not o.get("fallback"):
-            flagged.append(dict(key=key_of(r), what="fallback", old=o.get("ran"), new=r.get("ran"), limit=None,
-                                record=r, why=r.get("ran")))
-    return flagged
+    pairs = [(before[key_of(r)], r) for r in new if key_of(r) in before]
+    for o, r in pairs:
+        result.flagged += _flags(o, r)
+    timed = [(o, r) for o, r in pairs if o.get("median_ms") and r.get("median_ms")]
+    if result.untimed or not timed:
+        return result
+    result.timed = len(timed)
+    ratios = [r["min_ms"] / o["min_ms"] for o, r in timed]
+    result.drift = float(np.median(ratios)) if len(ratios) >= 3 else 1.0
+    for (o, r), ratio in zip(timed, ratios):
+        limit = threshold(o, r)
+        if ratio / result.drift > limit:
+            result.flagged.append(dict(
+                key=key_of(r), what="time", old=o["min_ms"], new=r["min_ms"], limit=limit, record=r,
+                why=f"fastest round {o['min_ms']:.3g} -> {r['min_ms']:.3g} ms, {ratio:.2f}x; over the drift "
+                    f"{ratio / result.drift:.2f}x, the noise allows {limit:.2f}x"))
+    return result
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -337,10 +451,20 @@ def skips(records):
     return out
 
 
+def _ran(r):
+    """What ran, short: the public path's SDPA kernel (``+mask``: given a mask tensor; ``math, fallback``),
+    and nothing where the path ran what it always runs."""
+    if r["path"] != "public":
+        return "" if r["ran"] in (NATIVE, "reference") else r["ran"][:20]
+    kernel = r["ran"].removeprefix("torch_sdpa_").split(" ")[0]
+    return kernel + (", fallback" if r.get("fallback") else "") + (" +mask" if "mask tensor" in r["ran"] else "")
+
+
 def report(records) -> str:
     """The table of one run: per bucket and path, min / median / max ms, error, what ran, and whether a
     mask's skipped work shows in its time (``skips``, where the mask removes at least a third of the work:
-    the fastest round's gain over the unmasked bucket at least half the work ratio)."""
+    the fastest round's gain over the unmasked bucket at least half the work ratio).  Every line fits
+    110 characters."""
     run_ = latest_run([r for r in records if r.get("benchmark") == BENCHMARK])
     if not run_:
         return "no matrix records"
@@ -348,18 +472,24 @@ def report(records) -> str:
     gain = skips(run_)
     cores = env.get("cpu_cores")
     cores = cores.get("usable") if isinstance(cores, dict) else cores
-    lines = [f"run {run_[0]['run_id']} on {run_[0]['device']} ({cores} cores; end-to-end time, "
+    heads = sorted({(r["H"], r["D"]) for r in run_})
+    lines = [f"run {run_[0]['run_id']} on {run_[0]['device']} ({cores} cores; end-to-end ms, "
              f"min / median / max of {run_[0].get('rounds', '?')} alternated rounds)",
-             f"{'workload':9s} {'kind':7s} {'B':>2s} {'H':>2s} {'Nq':>6s} {'Nk':>6s} {'dtype':8s} {'mask':16s} "
-             f"{'path':9s} {'min ms':>8s} {'median':>8s} {'max ms':>8s} {'max err':>8s} {'skips':>5s}  ran"]
+             "prefill: Nq = Nk = N, B 4 (chat) or 1 (summarise); decode: Nq = 1, Nk = N, B 8; "
+             + ", ".join(f"H {h}, D {d}" for h, d in heads),
+             f"{'workload':9s} {'kind':7s} {'N':>5s} {'dtype':8s} {'mask':10s} {'path':9s} {'min':>7s} "
+             f"{'median':>7s} {'max':>7s} {'max err':>7s} {'skips':>5s}  ran"]
     for r in sorted(run_, key=lambda r: (key_of(r)[:8], MASKS.index(r["mask"]), PATHS.index(r["path"]))):
+        mask = f"window {r['window_size'][0]}" if r["mask"] == "window" else r["mask"]
+        name = f"{r['workload']:9s} {r['bucket']:7s} {r['Nk']:5d} {r['dtype']:8s} {mask:10s} {r['path']:9s}"
         if not r.get("median_ms"):
-            lines.append(f"{_name(r)} {r['path']:9s}  refused: {r.get('refused', '')[:70]}")
+            lines.append(f"{name} refused: {r.get('refused', '')[:59]}")
             continue
         g = gain.get(key_of(r))
         mark = "" if g is None or g[1] < 1.5 else ("yes" if g[0] >= 0.5 * g[1] else "NO")
-        lines.append(f"{_name(r)} {r['path']:9s} {r['min_ms']:8.2f} {r['median_ms']:8.2f} {r['max_ms']:8.2f} "
-                     f"{r['max_abs_err']:8.1e} {mark:>5s}  {r['ran']}")
+        lines.append(f"{name} {r['min_ms']:7.2f} {r['median_ms']:7.2f} {r['max_ms']:7.2f} "
+                     f"{r['max_abs_err']:7.1e} {mark:>5s}  {_ran(r)}".rstrip())
+    lines.append("ran: the public path's SDPA kernel (+mask: given a mask tensor; fallback: what SDPA fell back to)")
     lines.append("max supported length here (largest Nk each path ran): " + "; ".join(
         f"{p} {max((r['Nk'] for r in run_ if r['path'] == p and r.get('median_ms')), default=0)}" for p in PATHS))
     return "\n".join(lines)
@@ -387,18 +517,32 @@ def gpu_report(bench_records, lengths=None, head_dim=64) -> str:
         if path is None or (path == "public" and not r.get("median_ms")):   # the other SDPA kernel took it
             continue
         mask = "causal" if r["causal"] else "none"
-        what = f"{r['median_ms']:9.3f} ms" if r.get("median_ms") else f"  {(r.get('skipped') or '')[:60]}"
+        what = f"{r['median_ms']:9.3f} ms" if r.get("median_ms") else f"  {(r.get('skipped') or '').split(':')[0][:30]}"
         lines.append(f"{r['bucket']:7s} {r['B']:2d} {r['H']:2d} {r['Nq']:6d} {r['Nk']:6d} {r['dtype']:8s} {mask:7s} "
                      f"{path:7s} {r['impl']:21s} {what}")
     return "\n".join(lines)
 
 
-def format_regressions(flagged, baseline_run) -> str:
-    if not flagged:
-        return f"no regressions against run {baseline_run}"
-    lines = [f"{len(flagged)} regression(s) against run {baseline_run}:"]
-    for f in flagged:
-        lines.append(f"REGRESSION {_name(f['record'])} {f['record']['path']:9s} {f['what']}: {f['why']}")
+def format_regressions(comparison: Comparison) -> str:
+    """The comparison in lines of at most 110 characters: the baseline and the loads, the drift, then
+    two lines per flagged bucket (REGRESSION, the bucket and path; why)."""
+    c = comparison
+    if c.baseline is None:
+        return c.untimed
+    load = " / ".join("?" if x is None else f"{x:.1f}" for x in c.loads)
+    lines = [f"against run {c.baseline} (load per core then / now: {load})"]
+    if c.untimed:
+        lines.append(f"times not compared: {c.untimed}")
+    else:
+        lines.append(f"machine drift: {c.drift:.2f}x (median new / old fastest round of {c.timed} records)")
+        if c.drift > 1 + FLOOR:
+            lines.append("  every path is slower alike: the machine is busier now, or every path regressed")
+    lines.append(f"{len(c.flagged)} regression(s)" if c.flagged else "no regressions")
+    for f in c.flagged:
+        r = f["record"]
+        lines.append(f"REGRESSION {r['workload']} {r['bucket']} B {r['B']} H {r['H']} Nq {r['Nq']} Nk {r['Nk']} "
+                     f"{r['dtype']} {r['mask_label']} {r['path']}")
+        lines.append(f"    {f['what']}: {str(f['why'])[:96]}")
     return "\n".join(lines)
 
 
@@ -413,13 +557,7 @@ def main(args) -> int:
     if gpu.exists():
         print(gpu_report(load_records(gpu), lengths=tuple(LENGTHS.values())))
     if args.compare:
-        old = load_records(args.compare, benchmark=BENCHMARK)
-        old = [r for r in old if r["run_id"] != records[0]["run_id"]]
-        mine = latest_run([r for r in old if r.get("device") == records[0]["device"]])
-        if not mine:
-            print(f"{args.compare} holds no matrix run of this machine ({records[0]['device']}): nothing to compare")
-            return 0
-        flagged = compare(old, records)
-        print(format_regressions(flagged, mine[0]["run_id"]))
-        return 1 if flagged else 0
+        comparison = compare(load_records(args.compare, benchmark=BENCHMARK), records)
+        print(format_regressions(comparison))
+        return 1 if comparison.flagged else 0
     return 0

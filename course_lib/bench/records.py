@@ -33,10 +33,12 @@ RATED_LAYERS = ("kernel", "end to end")  # the layers whose time includes the ke
 
 
 def environment() -> dict:
-    """Where a measurement was taken: CPU, GPU (or none), versions, date and time."""
+    """Where a measurement was taken: CPU (its name and, in ``cpu_identity``, its vendor, family / model /
+    stepping, microarchitecture, SIMD extensions and flags), GPU (or none), versions, date and time."""
     facts = {
         "cpu": machine.cpu_model(),
         "cpu_cores": machine.cpu_cores(),
+        "cpu_identity": machine.cpu_identity(),   # the same name can be another chip: family, model, flags
         "python": platform.python_version(),
         **{name: envreport.package_version(name) for name in ("numpy", "numba", "numba-cuda", "course_lib")},
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -7,6 +7,7 @@ measured with ``cpu_model``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import subprocess
@@ -33,6 +34,38 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+# (vendor, family, first model, last model) -> microarchitecture; family and model as /proc/cpuinfo
+# prints them (decimal).  What a timing on this CPU can reach depends on it (AVX-512 on a 256-bit or a
+# 512-bit datapath, one or two FMA units), and a marketing name such as "AMD EPYC" does not say it.
+MICROARCHITECTURES = (
+    ("AuthenticAMD", 23, 0x00, 0x2F, "Zen / Zen+"),
+    ("AuthenticAMD", 23, 0x30, 0xFF, "Zen 2"),
+    ("AuthenticAMD", 25, 0x00, 0x0F, "Zen 3"),
+    ("AuthenticAMD", 25, 0x10, 0x1F, "Zen 4"),
+    ("AuthenticAMD", 25, 0x20, 0x5F, "Zen 3"),
+    ("AuthenticAMD", 25, 0x60, 0xAF, "Zen 4"),
+    ("AuthenticAMD", 26, 0x00, 0xFF, "Zen 5"),
+    ("GenuineIntel", 6, 0x3C, 0x3C, "Haswell"),
+    ("GenuineIntel", 6, 0x3F, 0x3F, "Haswell"),
+    ("GenuineIntel", 6, 0x4F, 0x4F, "Broadwell"),
+    ("GenuineIntel", 6, 0x55, 0x55, "Skylake-SP / Cascade Lake / Cooper Lake"),
+    ("GenuineIntel", 6, 0x6A, 0x6A, "Ice Lake-SP"),
+    ("GenuineIntel", 6, 0x6C, 0x6C, "Ice Lake-SP"),
+    ("GenuineIntel", 6, 0x8F, 0x8F, "Sapphire Rapids"),
+    ("GenuineIntel", 6, 0xCF, 0xCF, "Emerald Rapids"),
+    ("GenuineIntel", 6, 0xAD, 0xAD, "Granite Rapids"),
+)
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
+              "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
+def microarchitecture(vendor, family, model) -> str | None:
+    """The microarchitecture of a CPU by its cpuid vendor, family and model, or None where the table
+    above does not know it."""
+    return next((name for v, f, first, last, name in MICROARCHITECTURES
+                 if v == vendor and f == family and first <= model <= last), None)
+
+
 def cpu_cores() -> dict:
     """Logical cores of the machine, and those this process may run on."""
     total = os.cpu_count() or 1
@@ -41,6 +74,35 @@ def cpu_cores() -> dict:
     except AttributeError:  # macOS, Windows
         usable = total
     return {"logical": total, "usable": usable}
+
+
+def cpu_identity() -> dict:
+    """What a CPU timing depends on beyond the marketing name: vendor, family / model / stepping, the
+    microarchitecture they give (``microarchitecture``), the SIMD extensions it has (of ``SIMD_FLAGS``), a
+    hash of all its feature flags and the cores.  Two hosts that both say "AMD EPYC" can be different chips,
+    or the same chip with a hypervisor hiding AVX-512 from one of them; their times are not comparable.
+    Linux reads /proc/cpuinfo (the first processor's block says it for all); elsewhere only the cores."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    if "vendor_id" not in fields:
+        return {"vendor": platform.processor() or platform.machine() or "unknown", **cpu_cores()}
+    vendor = fields["vendor_id"]
+    family, model, stepping = (int(fields[k]) if fields.get(k, "").isdigit() else None
+                               for k in ("cpu family", "model", "stepping"))
+    flags = sorted(fields.get("flags", "").split())
+    return {"vendor": vendor, "family": family, "model": model, "stepping": stepping,
+            "microarchitecture": microarchitecture(vendor, family, model),
+            "simd": [flag for flag in SIMD_FLAGS if flag in flags],
+            "flags_sha": hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12] if flags else "unknown",
+            **cpu_cores()}
 
 
 def cache_sizes() -> dict:
