@@ -681,3 +681,42 @@ def test_an_atomic_on_memory_nobody_wrote_is_uninitialized():
     c = next(c for c in CASES if c.name == "shared_total_not_zeroed")
     finding = run(c, "buggy")[0].findings[0]
     assert finding.kind == "uninitialized" and "with cuda.atomic.add" in finding.message
+
+
+@cuda.jit
+def _sum_prefetched(x, out):
+    # tile t + 1 read from global memory before tile t is read from shared: a prefetch
+    tile = cuda.shared.array((2, 4), float32)
+    t = cuda.threadIdx.x
+    tile[0, t] = x[t]
+    acc = float32(0.0)
+    for i in range(x.shape[0] // 4):
+        cuda.syncthreads()
+        nxt = x[(i + 1) * 4 + t] if (i + 1) * 4 < x.shape[0] else float32(0.0)
+        for j in range(4):
+            acc += tile[i % 2, j]
+        tile[1 - i % 2, t] = nxt
+    out[t] = acc
+
+
+@cuda.jit
+def _sum_loaded_then_read(x, out):
+    # the same sum, each tile loaded and then read after a barrier: no load ahead of the reads
+    tile = cuda.shared.array((2, 4), float32)
+    t = cuda.threadIdx.x
+    acc = float32(0.0)
+    for i in range(x.shape[0] // 4):
+        tile[i % 2, t] = x[i * 4 + t]
+        cuda.syncthreads()
+        for j in range(4):
+            acc += tile[i % 2, j]
+    out[t] = acc
+
+
+def test_prefetch_intervals_count_the_tiles_whose_next_loads_came_before_their_reads():
+    x = np.arange(12, dtype=np.float32)
+    for kernel, prefetched in ((_sum_prefetched, 2), (_sum_loaded_then_read, 0)):   # 3 tiles: 2 have a next one
+        out = np.zeros(4, np.float32)
+        report = cudacheck.check(kernel, 1, 4, x, out)
+        assert report.ok and np.allclose(out, x.sum()), str(report)
+        assert report.prefetch_intervals == prefetched, kernel

@@ -2,9 +2,13 @@
 
 Each case takes the solution notebook, swaps one answer for a mistake a learner
 would make, and runs the setup, the answer and its check cell in one namespace:
-the check must raise CheckFailed.  The mistakes are edits of the solution's own
+the check must raise CheckFailed, on the published inputs and on every salt the
+tests sweep (exercise_salts.SALTS).  The mistakes are edits of the solution's own
 source, so each differs from a right answer in exactly the way named."""
-from exercise_checks import ExerciseSet, check_tests
+from course_lib import checks
+
+from exercise_checks import ExerciseSet
+from exercise_salts import run_salted, salted_check_tests
 
 BUGGY = "s15-16"  # 15.5's given cell: the colleague's schedule and the overwrite finder
 EXERCISES = ExerciseSet("15_edge", setup=["setup-answers", "s15-02"], before={"15.5": [BUGGY]})
@@ -33,7 +37,16 @@ WRONG = {
               "comp_end[j - buffers - 1] if j > buffers else 0.0   # the tile"),               # the colleague's bug itself
              ("comp_end[j - buffers] if j >= buffers else 0.0   # the tile",
               "comp_end[j - 1] if j >= 1 else 0.0   # the tile"),  # always waits: one buffer's schedule
-             ("comp_start[j] = max(load_end[j], unit_free)", "comp_start[j] = load_end[j]")],  # compute overlaps itself
+             ("comp_start[j] = max(load_end[j], unit_free[u])", "comp_start[j] = load_end[j]"),  # compute overlaps itself
+             ("u = j % units ", "u = 0         "),                                         # the second unit never used
+             ("    return 1 + next(b for b, total in enumerate(totals) if total <= 1.03 * min(totals))",
+              "    return 2"),                                                                      # double buffering always
+             ("    return 1 + next(b for b, total in enumerate(totals) if total <= 1.03 * min(totals))",
+              "    return 1 + int(np.argmin(totals))"),                                            # the fastest, not the fewest
+             ("    return 1 + next(b for b, total in enumerate(totals) if total <= 1.03 * min(totals))",
+              "    return max_buffers"),                                                          # as many as allowed
+             ("    return 1 + next(b for b, total in enumerate(totals) if total <= 1.03 * min(totals))",
+              "    return 2 * units")],                                                           # double buffering per unit
     "15.6": [("kv = 2 * buffers * bc * d ", "kv = 2 * bc * d "),                               # buffers forgotten
              ("return kv + cores * per_core", "return cores * (kv + per_core)"),                # private, not shared
              ("max(br * bc * (4 + 1), br * d)", "br * bc * (4 + 1) + br * d"),                  # the epilogue beside S and P
@@ -48,7 +61,8 @@ WRONG = {
               "key=lambda o: npu_footprint(o[0], o[1], npu[\"head_dim\"], o[2])"),                  # the smallest tile: "it fits"
              ("for b in (1, 2, 3)\n", "for b in (1,)\n")],                                          # no double buffering
 }
-test_the_solution_passes_its_check, test_a_plausible_wrong_answer_fails_its_check = check_tests(EXERCISES, WRONG)
+test_the_solution_passes_on_every_salt, test_a_plausible_wrong_answer_fails_on_every_salt = \
+    salted_check_tests(EXERCISES, WRONG)
 
 
 def test_the_colleagues_schedule_overwrites_a_buffer_only_when_compute_bound(capsys):
@@ -57,3 +71,14 @@ def test_the_colleagues_schedule_overwrites_a_buffer_only_when_compute_bound(cap
     out = capsys.readouterr().out
     assert "DMA-bound, 2 buffers: total 26.0 (closed form 26.0), overwritten: []" in out
     assert "overwritten: [2, 3, 4, 5, 6, 7]" in out
+
+
+def test_15_1_says_by_how_much_an_integer_score_is_off(capsys):
+    # "got 5.96021e+07, expected 5.96021e+07" hid an error of 3: the check names the score and the difference
+    edit = ("return s32, sq, sk", "return s32 + (np.arange(s32.size).reshape(s32.shape) == 0).astype(np.int32) * 3, sq, sk")
+    try:
+        run_salted(EXERCISES, "15.1", None, edit, capsys)
+    except checks.CheckFailed:
+        pass
+    out = capsys.readouterr().out
+    assert "the first, (0, 0)" in out and "(off by 3)" in out, out

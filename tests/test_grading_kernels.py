@@ -248,12 +248,14 @@ def test_the_kernel_sandbox_checks_kernels_and_runs_nothing_else():
 
 def test_a_forged_report_is_refused():
     args = [np.zeros(2, np.float32)]
-    good = {"report": {"findings": [], "intervals": 1, "traffic": {}, "griddim": [1], "blockdim": [2]},
+    good = {"report": {"findings": [], "intervals": 1, "traffic": {}, "griddim": [1], "blockdim": [2],
+                       "prefetch_intervals": 0},
             "written": [[0, np.ones(2, np.float32)]]}
     assert kernels.report_back(good, "k", args).ok and args[0].tolist() == [1.0, 1.0]
     for bad in ({**good, "written": [[0, np.ones(3, np.float32)]]},        # another shape
                 {**good, "written": [[1, np.ones(2, np.float32)]]},        # an argument that is not there
                 {**good, "report": {**good["report"], "findings": [{"kind": "fine", "message": ""}]}},
-                {**good, "report": {**good["report"], "intervals": "1"}}):
+                {**good, "report": {**good["report"], "intervals": "1"}},
+                {**good, "report": {**good["report"], "prefetch_intervals": None}}):
         with pytest.raises(ValueError):
             kernels.report_back(bad, "k", [np.zeros(2, np.float32)])

@@ -115,7 +115,7 @@ class Launch:
         by_array = {mem.name: mem.n_reads for mem in self.memories if mem.space == "global"}
         shape = self.grid
         return Report(self.fn_name, shape.griddim[:shape.gridnd], shape.blockdim[:shape.blocknd],
-                      self.findings.list, self.scheduler.intervals, traffic, by_array)
+                      self.findings.list, self.scheduler.intervals, traffic, by_array, self.log.prefetch_intervals)
 
     def _kernel_error(self, t):
         frames = [f for f in traceback.extract_tb(t.error.__traceback__) if f.filename not in _SIMULATOR_FILES]

@@ -22,6 +22,9 @@ class AccessLog:
         self.epoch = 0            # the barrier interval; unique across blocks, since blocks run in turn
         self.pending_uninit = []  # reads of never-written elements, judged when the interval ends
         self.clock = 0            # counts writes and fences: orders them for threadfence
+        # intervals in which a thread read global memory, then shared: loads issued ahead of the arithmetic
+        self.prefetch_intervals = 0
+        self._loaded, self._ahead = set(), False
 
     def new_interval(self):
         self.epoch += 1
@@ -36,6 +39,8 @@ class AccessLog:
                              f"but nothing wrote {mem.title()} there earlier in this launch"
                              f"{self._uninit_hint(mem, key)}", mem, index, at)
         self.pending_uninit = []
+        self.prefetch_intervals += self._ahead
+        self._loaded, self._ahead = set(), False
         self.new_interval()
 
     def _conflicts(self, t, other, other_epoch, other_phase):
@@ -67,6 +72,10 @@ class AccessLog:
         t = self.scheduler.thread
         w = mem.writes.get(key)
         g = t.gtid
+        if mem.space == "global":
+            self._loaded.add(g)
+        elif g in self._loaded:
+            self._ahead = True
         if w is not None and self._conflicts(t, w[0], w[1], w[5]) and not self._published(t, w):
             self._race(mem, array, index, t, "reads", at, w[0], "wrote", w[2])
         slot = mem.reads.get(key)

@@ -33,6 +33,9 @@ class Report:
     intervals: int = 0          # barrier intervals run, summed over blocks
     traffic: dict = field(default_factory=dict)  # {"global reads": n, "global writes": n, "shared reads": ...}
     global_reads: dict = field(default_factory=dict)  # reads of each global array, by argument name: {"k": n, ...}
+    # barrier intervals (summed over blocks) in which a thread read global memory and later shared
+    # memory: a prefetch's loads of the next tile, issued before the arithmetic on this one
+    prefetch_intervals: int = 0
 
     @property
     def ok(self) -> bool:

@@ -401,8 +401,8 @@ def report_back(reply, name, args):
     traffic = reply.get("traffic")
     if type(traffic) is not dict or not all(type(k) is str and type(v) is int for k, v in traffic.items()):
         raise wire.WireError("the kernel sandbox sent bad traffic counts")
-    intervals = reply.get("intervals")
-    if type(intervals) is not int:
+    intervals, prefetch = reply.get("intervals"), reply.get("prefetch_intervals")
+    if type(intervals) is not int or type(prefetch) is not int:
         raise wire.WireError("the kernel sandbox sent a bad interval count")
     return cudacheck.Report(name, ints(reply.get("griddim"), "grid"), ints(reply.get("blockdim"), "block"),
-                            findings, intervals, traffic)
+                            findings, intervals, traffic, prefetch_intervals=prefetch)
