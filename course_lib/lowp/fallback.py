@@ -5,8 +5,12 @@ The policy (``choose_precision``), in order:
 1. Inputs holding NaN or inf: fp32 (no scale holds them; let the float32
    kernel report them as the NaN rule says).
 2. fp8 is refused when the descales a caller plans to use (delayed scaling,
-   from earlier data) cannot hold today's amax: amax / descale rounding past
-   448 overflows e4m3 (which has no inf: the value becomes NaN).
+   from earlier data) cannot hold today's amax: amax / descale that rounds
+   past 448 (above 464, the midpoint to the step e4m3 lacks) is clipped to
+   448 by the GPU's saturating conversion (``cvt.rn.satfinite``, what FP8 KV
+   caches use), so the largest values lose 1 - 448 / (amax / descale) of
+   themselves, more than any rounding of e4m3; numpy's cast (and torch's
+   ``.to``) would make them NaN instead.
 3. Otherwise each candidate, cheapest first (fp8, then fp16), is measured on
    a probe: ``probe_rows`` query rows spread over the sequence, against every
    key, through ``study.emulate`` with the kernel's recipe, against the exact
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .formats import FORMATS, amax
+from .formats import FORMATS, amax, cast
 from .study import RECIPES, Recipe, emulate
 
 
@@ -63,12 +67,13 @@ def predicted_error(q, k, v, recipe: Recipe, probe_rows=64, margin=2.0) -> float
 
 def _overflow(x, descale, heads_k):
     """(the worst amax / (448 x descale) of one input, whether it overflows e4m3).  It overflows
-    when amax / descale rounds to NaN, not merely when it passes 448: up to the rounding midpoint
+    when amax / descale rounds past 448, not merely when it passes 448: up to the rounding midpoint
     464 it still rounds to 448, so a descale computed from this very amax (rounded to float32,
-    which may put the ratio a hair above 1) never counts as an overflow."""
+    which may put the ratio a hair above 1) never counts as an overflow.  Past 464 numpy's
+    non-saturating cast gives NaN, which is the test; the GPU's would clip to 448."""
     scaled = amax(x, "head", heads_k) / np.asarray(descale, np.float64)
     e4m3 = FORMATS["float8_e4m3fn"]
-    return float(np.max(scaled) / e4m3.max), bool(np.isnan(scaled.astype(e4m3.dtype).astype(np.float64)).any())
+    return float(np.max(scaled) / e4m3.max), bool(np.isnan(cast(scaled, e4m3.name).astype(np.float64)).any())
 
 
 def choose_precision(q, k, v, budget, *, descales=None, probe_rows=64, margin=2.0) -> Choice:
@@ -88,7 +93,7 @@ def choose_precision(q, k, v, budget, *, descales=None, probe_rows=64, margin=2.
         ratio, overflows = ratios[worst]
         if overflows:
             overflow = (f"{worst.upper()}'s amax is {ratio:.3g}x what its descale holds "
-                        f"(448 x descale): fp8 would overflow to NaN")
+                        f"(448 x descale): fp8 would clip its largest values by {1 - 1 / ratio:.0%}")
     if overflow is None:
         predicted["fp8"] = predicted_error(q, k, v, RECIPES["fp8"], probe_rows, margin)
         if predicted["fp8"] <= budget:

@@ -54,20 +54,34 @@ def _series(records, sweep, recipe, field="out_max"):
     return [x for x, _ in rows], [y for _, y in rows]
 
 
+def _spread(records, sweep, recipe):
+    """(below, above) the mean: the smallest and largest draw of out_rel_rms at each point, sorted by x."""
+    rows = sorted((r["x"], r["out_rel_rms"], r["out_rel_rms_range"]) for r in records
+                  if r["sweep"] == sweep and r["recipe"] == recipe)
+    return [[y - lo for _, y, (lo, _) in rows], [hi - y for _, y, (_, hi) in rows]]
+
+
 def draw_error_study(records, field="out_max"):
     """Three panels from ``lowp_error`` records: error against row length, logit scale and K's outlier."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
-    panels = [("length", ["fp8", "bf16", "fp16"], "keys per row (Nk)"),
-              ("scale", ["fp8", "bf16", "fp16"], "logit scale (q multiplied by it)"),
+    panels = [("length", ["fp8", "fp8 FA3", "bf16", "fp16"], "keys per row (Nk)"),
+              ("scale", ["fp8", "fp8 FA3", "bf16", "fp16"], "logit scale (q multiplied by it)"),
               ("outlier", ["fp8 per-tensor", "fp8", "fp8 incoherent", "fp16"], "K's outlier channel, x times")]
-    colours = {"fp8": CYCLE[3], "bf16": CYCLE[2], "fp16": CYCLE[0], "fp8 per-tensor": CYCLE[4],
+    colours = {"fp8": CYCLE[3], "fp8 FA3": CYCLE[5], "bf16": CYCLE[2], "fp16": CYCLE[0], "fp8 per-tensor": CYCLE[4],
                "fp8 incoherent": CYCLE[1]}
     for ax, (sweep, recipes, xlabel) in zip(axes, panels):
         for name in recipes:
             x, y = _series(records, sweep, name, field)
-            ax.loglog(x, y, "o-", color=colours[name], label=name)
+            style = dict(color=colours[name], label=name, ls="--" if name == "fp8 FA3" else "-", marker="o")
+            seeded = [r for r in records if r["sweep"] == sweep and r["recipe"] == name and len(r["seeds"]) > 1]
+            if field == "out_rel_rms" and seeded:   # the mean of several draws, with their range
+                ax.errorbar(x, y, yerr=_spread(records, sweep, name), capsize=3, **style)
+            else:
+                ax.plot(x, y, **style)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.grid(True)
         ax.legend(loc="lower right" if sweep == "outlier" else "best")
@@ -85,6 +99,7 @@ def draw_sources(records, field="out_max"):
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
     styles = {"fp8": ("-", CYCLE[3]), "fp8 inputs alone": ("--", CYCLE[3]), "fp8 P alone": (":", CYCLE[3]),
+              "fp8 FA3 P alone": (":", CYCLE[5]),
               "fp16": ("-", CYCLE[0]), "fp16 inputs alone": ("--", CYCLE[0]), "fp16 P alone": (":", CYCLE[0]),
               "fp16 accumulator alone": ("-.", CYCLE[2])}
     for name, (ls, colour) in styles.items():
@@ -155,11 +170,25 @@ def draw_timeline(runs: dict, until=None):
     return fig
 
 
+def _register_notes(regs, prefix, noun):
+    """One line per register: the rows and columns (keys) it holds in the 16 x 16 map."""
+    notes = []
+    for r in range(4):
+        rows, cols = np.nonzero(regs == r)
+        cols = sorted(set(cols))
+        if cols == list(range(cols[0], cols[-1] + 1)):
+            where = f"{noun} {cols[0]}-{cols[-1]}"
+        else:
+            where = f"{'even' if cols[0] % 2 == 0 else 'odd'} {noun}"
+        notes.append(f"{prefix}{r}: rows {rows.min()}-{rows.max()}, {where}")
+    return notes
+
+
 def draw_fragments(a_word, c_elem):
     """Which lane holds each element of a warp's mma fragments (``mma.a_word`` / ``mma.c_elem``, passed in):
     left, the 16 x 16 A tile of halves (a word is two neighbouring halves); right, two 16 x 8 C tiles of
     float32 side by side, the same 16 x 16 keys.  Colour = the lane's quad (lane // 4: the row it holds),
-    number = the lane; the registers (a0-a3, c0-c3) are written in one row of each."""
+    number = the lane; white lines split the registers (a0-a3, c0-c3), named under each map."""
     import matplotlib.pyplot as plt
 
     lane_a, reg_a = np.zeros((16, 16), int), np.zeros((16, 16), int)
@@ -171,19 +200,23 @@ def draw_fragments(a_word, c_elem):
             for tile in range(2):
                 row, col = c_elem(lane, r)
                 lane_c[row, 8 * tile + col], reg_c[row, 8 * tile + col] = lane, r
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5.6))
-    for ax, lanes, regs, name, title in ((axes[0], lane_a, reg_a, "a", "A fragment: P (16 rows x 16 keys) in halves"),
-                                         (axes[1], lane_c, reg_c, "c", "C fragments: S, two 16 x 8 tiles (float32)")):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 7.4))
+    panels = ((axes[0], lane_a, reg_a, "a", "A fragment: P (16 rows x 16 keys) in halves"),
+              (axes[1], lane_c, reg_c, "c", "C fragments: S, two 16 x 8 tiles (float32)"))
+    for ax, lanes, regs, name, title in panels:
         ax.imshow(lanes // 4 % 8, cmap="tab10", vmin=0, vmax=9, alpha=0.55)
         for i in range(16):
             for j in range(16):
-                label = f"{lanes[i, j]}" if i != 0 else f"{lanes[i, j]}\n{name}{regs[i, j]}"
-                ax.text(j, i, label, ha="center", va="center", fontsize=6.5 if i else 5.5)
-        ax.set_xticks(range(0, 16, 2), [f"{j}" for j in range(0, 16, 2)])
+                ax.text(j, i, f"{lanes[i, j]}", ha="center", va="center", fontsize=9)
+        ax.axhline(7.5, color="white", lw=3)
+        ax.axvline(7.5, color="white" if name == "a" else "black", lw=3 if name == "a" else 1.5)
+        ax.set_xticks(range(16))
         ax.set_yticks(range(16))
         ax.set_xlabel("key (column)")
         ax.set_ylabel("query row")
-        ax.set_title(title, fontsize=10)
-    axes[1].axvline(7.5, color="black", lw=1.5)
-    fig.tight_layout()
+        ax.set_title(title)
+        notes = _register_notes(regs, name, "keys")
+        ax.text(0.5, -0.09, f"{notes[0]};  {notes[2]}\n{notes[1]};  {notes[3]}", transform=ax.transAxes,
+                ha="center", va="top", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig

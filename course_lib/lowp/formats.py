@@ -2,7 +2,8 @@
 
 A float format is a sign, an exponent and a few significant bits.  What a
 learner needs from each is four numbers (``FORMATS``): the largest finite
-value (beyond it: inf, or NaN for e4m3fn, which has no inf), the smallest
+value (beyond it, numpy's cast gives inf, or NaN for e4m3fn, which has no
+inf; the GPU's saturating conversion gives the largest value), the smallest
 normal value (below it the spacing stops shrinking: subnormals, then 0), the
 smallest subnormal, and the relative spacing 2**-(bits-1) of the significands.
 
@@ -17,6 +18,13 @@ one descale serves (``quantize``'s ``granularity``):
 - ``"block"``: one per block of ``block`` rows of a head (finer still; the
   descale then varies along the sequence, which FA3's interface cannot take,
   so the error study alone uses it).
+
+What happens past the largest value depends on who converts (``cast``).
+numpy / ml_dtypes (and ``torch.Tensor.to``) do not saturate: past it a
+value becomes inf, or NaN in e4m3fn, which has no inf.  The GPU's
+conversion, PTX ``cvt.rn.satfinite.e4m3x2.f32`` (the instruction CUTLASS's
+float-to-e4m3 converter emits, and FP8 KV caches quantise with), saturates:
+a value past 448 becomes +-448, and only NaN stays NaN.
 
 Incoherent processing (FA3, section 3.3): Q K^T = (Q M)(K M)^T for any
 orthogonal M.  A random-sign Hadamard M spreads an outlier channel over all
@@ -82,6 +90,18 @@ def spacing(x, dtype) -> np.ndarray:
     return 2.0 ** (exponent - (f.bits - 1))
 
 
+def cast(x, dtype, *, saturate=False) -> np.ndarray:
+    """x converted to ``dtype``.  ``saturate=False``: numpy's cast (ml_dtypes; torch's ``.to`` does the
+    same): past the largest finite value, inf, or NaN where the format has no inf (e4m3fn).
+    ``saturate=True``: the GPU's ``cvt.rn.satfinite``: clamped to +-max first (inf too); NaN stays NaN."""
+    f = fmt(dtype)
+    x = np.asarray(x)
+    if saturate:
+        x = np.clip(x, -f.max, f.max)   # every value past max rounds to max either way, so clamp first
+    with np.errstate(over="ignore"):
+        return x.astype(f.dtype)
+
+
 def round_trip(x, dtype) -> np.ndarray:
     """x rounded to ``dtype`` and back to float64: what storing it costs."""
     return np.asarray(x).astype(fmt(dtype).dtype).astype(np.float64)
@@ -130,12 +150,14 @@ def _per_element(descale, shape, granularity, block):
     return np.repeat(d, block, axis=2)[:, :, :N, None]
 
 
-def quantize(x, dtype="float8_e4m3fn", granularity="head", heads_k=None, block=128, descale=None):
+def quantize(x, dtype="float8_e4m3fn", granularity="head", heads_k=None, block=128, descale=None, *,
+             saturate=False):
     """(x8, descale): x / descale rounded to ``dtype``, and the descale that undoes it.
 
     The descale is ``descale_for(amax(x, granularity, heads_k, block))``
     unless one is given (delayed scaling: a descale from earlier data, which a
-    larger amax now overflows).  With ``granularity="head"`` the descale has
+    larger amax now overflows: to NaN with numpy's cast, to +-448 with
+    ``saturate=True``, the GPU's).  With ``granularity="head"`` the descale has
     FA3's shape (B, heads_k) and (x8, descale) go straight to
     ``course_lib.attention``.
     """
@@ -143,7 +165,7 @@ def quantize(x, dtype="float8_e4m3fn", granularity="head", heads_k=None, block=1
     if descale is None:
         descale = descale_for(amax(x, granularity, heads_k, block), dtype)
     scaled = x / _per_element(descale, x.shape, granularity, block)
-    return scaled.astype(fmt(dtype).dtype), descale
+    return cast(scaled, dtype, saturate=saturate), descale
 
 
 def dequantize(x8, descale, granularity="head", block=128) -> np.ndarray:

@@ -188,10 +188,11 @@ def run(schedule, costs, n_tiles=16, stages=2) -> dict:
 
 
 def steady_state(schedule, costs) -> float:
-    """``run``'s per_tile in the long run, in closed form (``run`` tends to it as tiles grow):
-    serial L+G0+S+G1; async_loads max(L, G0+S+G1); intra max(L, G0+max(G1, S));
-    pingpong max(L/2, G0+G1, (G0+S+G1)/2); pingpong_intra max(L/2, G0+G1, (G0+max(G1, S))/2)
-    (two groups share one load of each K / V tile, and the tensor cores)."""
+    """``run``'s per_tile in the long run (``run`` tends to it as tiles grow), without simulating:
+    the time per tile of whatever the schedule waits on most, a shared resource (the copy engine,
+    whose one load of a tile feeds both groups of a ping-pong, or the tensor cores) or one
+    warpgroup's own chain of stages in the order the schedule allows (its loads too, where it
+    loads its own tiles)."""
     L, G0, S, G1 = (costs[k] for k in ("load", "gemm0", "softmax", "gemm1"))
     per_tile = {"serial": L + G0 + S + G1, "async_loads": max(L, G0 + S + G1), "intra": max(L, G0 + max(G1, S)),
                 "pingpong": max(L / 2, G0 + G1, (G0 + S + G1) / 2),
