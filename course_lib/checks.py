@@ -28,6 +28,8 @@ in (q's), never the dtype an answer happens to return:
 """
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import dataclass
 
 import numpy as np
@@ -310,6 +312,21 @@ def check_attention(actual, q, k, v, *, name="attention", lse=None, **options) -
         if verdict.passed:
             verdict.line = f"PASS {label}: out and lse within {rule}"
     return _announce(verdict)
+
+
+def quietly(check, *args, **kwargs) -> tuple:
+    """Run ``check(*args, **kwargs)`` without printing its line: (PASS, the rule it passed within), for a
+    lecture that prints many checks as one table.  A failure prints the check's report and raises, as the
+    check itself does."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
+            check(*args, **kwargs)
+    except CheckFailed:
+        print(said.getvalue(), end="")
+        raise
+    line = said.getvalue().strip()
+    return line.split()[0], line.split(" within ")[-1]
 
 
 def readonly(*arrays):

@@ -265,3 +265,4 @@ def test_chapter_10_marks_unrecorded_ptx_readings_and_drops_the_unrecorded_8x8_f
     assert "10.7 TFLOP/s" not in cell_text("10", "a714e0c9")
     assert cell_text("10", "4939e41f").count("not kept as a record") >= 1
     assert "not recorded" in cell_text("10", "4939e41f")
+

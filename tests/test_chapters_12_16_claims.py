@@ -250,6 +250,20 @@ def test_chapter_16_bounds_the_mask_gain_by_the_tile_work_as_measured():
     assert "gain follows the work in the tiles" not in words
 
 
+def test_chapter_16s_planted_regression_is_flagged_alone_by_a_rule_that_sees_the_machine():
+    """The demo that teaches "a regression only beyond the noise" once flagged the unchanged no-mask bucket
+    too: the two versions ran one after the other, and three rounds' noise cannot see a load that stays."""
+    source = "".join(cell("16", "c16-planted-run")["source"])
+    assert "matrix.run_pair(" in source and "matrix.run(" not in source   # both versions in the same rounds
+    out = output_of("16", "c16-planted-run")
+    flagged = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    assert len(flagged) == 1 and "window" in flagged[0] and flagged[0].endswith(" native"), out
+    assert "1 regression(s)" in out and "machine drift" in out
+    words = text("16", "c16-noise")
+    for rule in ("the same machine", "stepping", "the machine's drift", "the noise of both runs", "the load each run met"):
+        assert rule in words, rule
+
+
 def test_chapter_16_knows_split_kv_decode_was_measured_in_chapter_10():
     words = text("16", "c16-25")
     assert "would fix" not in words
@@ -281,7 +295,8 @@ def test_chapter_11_says_fa2_copies_with_cp_async_and_lacks_tma_wgmma_and_warp_s
 
 
 def test_chapter_11_puts_3xtf32s_spills_where_ptxas_found_them():
-    runs = records("ptxas_resources", step="mma_3xtf32")
+    first = records("ptxas_resources")[0]["run"]                   # the run of the steps chapter 11's counters read
+    runs = records("ptxas_resources", step="mma_3xtf32", run=first)
     d128 = [r["spill_stores"] for r in runs if r["D"] == 128]
     fastest_d64 = [r["spill_stores"] for r in runs if r["D"] == 64 and r["tiling"]["warps"] == 8
                    and r["tiling"]["Bc"] == 32 and r["tiling"]["stages"] == 1 and not r["tiling"]["ldmatrix"]]
@@ -307,3 +322,91 @@ def test_chapter_11_judges_decode_by_its_bytes_against_the_card_and_fa2():
     assert f"would need {4 * kv_bytes / ours[1] / 1e12:.2f} TB/s" in cell and 4 * kv_bytes / ours[1] > 3.35e12
     assert f"64 pieces: {kv_bytes / ours[64] / 1e12:.2f}" in cell and ours[64] > ours[32]
     assert "no longer makes more pieces slower" not in markdown("11")
+
+
+# -- chapters 13 and 14 ----------------------------------------------------------------------------
+
+def _model_eval(table):
+    rows = records("model_eval.jsonl", table=table)
+    run = max(r["run"] for r in rows)
+    return [r for r in rows if r["run"] == run]
+
+
+def test_chapter_13_says_split_kv_never_paid_here_and_why():
+    split = [r for r in _model_eval("split-KV decode") if r["splits"] > 1]
+    low, high = quoted(r"Here it never paid: all (?:\w+) split rows above ran at ([\d.]+)-([\d.]+)x one call's speed",
+                       text("13", "l13-21"))
+    speed = [r["speedup_vs_one_split"] for r in split]
+    assert max(speed) < 1 and (low, high) == (f"{min(speed):.2f}", f"{max(speed):.2f}")
+    cores = split[0]["environment"]["cpu_cores"]["usable"]
+    assert f"has {cores} cores" in text("13", "l13-21") or f"has {cores}\ncores" in text("13", "l13-21")
+    assert max(r["splits"] for r in split) > cores and "oversubscribe" in text("13", "l13-21")
+
+
+def test_chapter_13_quotes_the_custom_mask_rows_as_recorded():
+    rows = _model_eval("custom masks")
+    whole = [r for r in rows if r["layer"] == "whole forward pass"]
+    assert quoted(r"the whole forward pass, \$N = (\d+)\$", text("13", "l13-28"))[0] == str(whole[0]["shape"]["seqlen_q"])
+    by = {(r["mask"].split()[0], r["layer"], r["path"]): r for r in rows}
+    words = text("13", "l13-30")
+    assert quoted(r"whole model at \$N = (\d+)\$", words)[0] == str(whole[0]["shape"]["seqlen_q"])
+    fast, dense = by["PrefixLMMask", "whole forward pass", "fast"], by["PrefixLMMask", "whole forward pass", "dense"]
+    assert quoted(r"prefix-LM rewrite is ([\d.]+)x slower", words)[0] == f"{fast['seconds'] / dense['seconds']:.1f}"
+    one = {m: by[m, "one attention call", "fast"] for m in ("DocumentMask", "PrefixLMMask")}
+    done, of = quoted(r"document mask's rewrite computes (\d+) of (\d+) tiles", words)
+    assert (int(done), int(of)) == (one["DocumentMask"]["tiles_computed"], one["DocumentMask"]["tiles_in_all"])
+    assert quoted(r"and runs ([\d.]+)x faster", words)[0] == f"{one['DocumentMask']['speedup_vs_dense']:.1f}"
+    p = one["PrefixLMMask"]
+    assert quoted(r"skips only (\d+)% of the tiles", words)[0] == f"{1 - p['tiles_computed'] / p['tiles_in_all']:.0%}"[:-1]
+    assert quoted(r"and still runs ([\d.]+)x faster", words)[0] == f"{p['speedup_vs_dense']:.1f}"
+
+
+def test_chapter_13_measures_no_prefill_attention_share_and_says_so():
+    words = text("13", "l13-24")
+    assert "dominated by everything but attention" not in words and "not measured here" in words
+    assert "load outlier" in "".join(cell("13", "l13-25")["source"])
+
+
+def _gloo_run():
+    rows = records("parallel_comm.jsonl", backend="gloo")
+    run = max(r["run"] for r in rows)
+    return [r for r in rows if r["run"] == run]
+
+
+def test_chapter_14_counts_ulysses_out_and_lse_in_float32_as_its_code_does():
+    from course_lib.parallel import costmodel
+    shape = dict(batch=1, heads=32, heads_k=32, seqlen=131072, head_dim=128, itemsize=2)
+    ratio = {w: costmodel.ring_bytes(world_size=w, **shape) / costmodel.ulysses_bytes(world_size=w, **shape)
+             for w in (4, 8, 16)}
+    assert all(0.38 * w < r < 0.42 * w for w, r in ratio.items())   # 0.4 W, not W / 2
+    words = text("14", "9a5b369f")
+    assert "about $0.4\\,W$ times the bytes of Ulysses" in words and "$W/2$ times" not in words.split("not $W/2$")[0]
+    assert "H (D_v + 1)\\, a" in text("14", "f729f674") and "$\\approx W/2$" not in text("14", "5db2c994")
+    assert "cannot overlap" not in text("14", "4b85f228") and "replicate" in words
+
+
+def test_chapter_14_says_overlap_moved_the_cost_into_the_compute():
+    by = {(r["seqlen"], r["overlap"]): r for r in _gloo_run() if r["kind"] == "overlap" and r["strategy"] == "ring"}
+    off, on = by[1024, False], by[1024, True]
+    words = text("14", "c1a8743f")
+    wall = quoted(r"wall time fell only from (\d+) to (\d+) ms", words)
+    compute = quoted(r"the compute grew from (\d+) to (\d+) ms", words)
+    assert wall == (f"{off['wall_s']['median'] * 1e3:.0f}", f"{on['wall_s']['median'] * 1e3:.0f}")
+    assert compute == (f"{off['compute_s']['median'] * 1e3:.0f}", f"{on['compute_s']['median'] * 1e3:.0f}")
+
+
+def test_chapter_14_puts_the_alpha_beta_misfit_in_the_minimum_and_measures_no_collective_latency():
+    run = _gloo_run()
+    fit = next(r for r in run if r["kind"] == "alpha_beta")
+    big = max((r for r in run if r["kind"] == "pingpong"), key=lambda r: r["bytes"])
+    line = fit["alpha_s"] + big["bytes"] / fit["beta_bytes_per_s"]
+    words = text("14", "16bdfbe4")
+    size, times = quoted(r"at (\d+) MiB even the least disturbed round, the minimum, takes ([\d.]+)x", words)
+    assert int(size) == big["bytes"] // 2 ** 20 and times == f"{big['min_s'] / line:.1f}"
+    assert "several times the point-to-point" not in words and "not measured here" in words
+
+
+def test_chapter_14_speaks_of_the_nvlink_run_as_not_made():
+    assert not list(RECORDS.glob("parallel_comm_*.jsonl"))   # when it exists, the chapter should read it
+    words = text("14", "bf6e9e1e")
+    assert "No such run has been made yet" in words and "is what the 2-GPU run records" not in words

@@ -89,3 +89,14 @@ def test_ipython_shows_the_verdict_not_a_traceback():
     lines = failed._render_traceback_()
     assert lines[0] == "CheckFailed: FAIL bytes: value is off"
     assert len(lines) == 2 and not any("checks.py" in line for line in lines)
+
+
+def test_quietly_returns_the_word_and_the_rule_and_still_fails_loudly(capsys):
+    q, k, v = make_qkv(3, 1, 2, 2, 9, 11, 8, 8)
+    right = course_lib.attention(q, k, v, impl="reference")
+    assert checks.quietly(checks.check_attention, right, q, k, v) == ("PASS", "atol 1e-10, rtol 1e-09")  # float64
+    assert capsys.readouterr().out == ""
+    with pytest.raises(checks.CheckFailed):
+        checks.quietly(checks.check_attention, right + 1, q, k, v)
+    said = capsys.readouterr().out
+    assert said.startswith("FAIL attention") and "worst element" in said

@@ -62,3 +62,12 @@ def test_no_notebook_names_a_developer_file_or_issue(path):
     texts += [(cell["id"], json.dumps(out)) for cell in nb["cells"] for out in cell.get("outputs", [])]
     found = [(cell_id, m.group(0)) for cell_id, text in texts for m in NOT_THE_LEARNERS.finditer(text)]
     assert found == []
+
+
+def test_make_lab_prints_an_address_that_lands_on_chapter_00():
+    """`make lab LAB_ARGS=--no-browser` prints the server's default_url; without it the address is /lab,
+    the Launcher, and a newcomer never sees chapter 00."""
+    recipe = (REPO / "Makefile").read_text().split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    found = re.search(r"--LabApp\.default_url=/lab/tree/(\S+)", recipe)
+    assert found, "make lab must set --LabApp.default_url"
+    assert found.group(1) == "notebooks/00_start_here.ipynb" and (REPO / found.group(1)).exists()

@@ -13,6 +13,7 @@ import pytest
 
 from course_lib.core import conventions
 
+import lectures
 from conftest import REPO
 
 NOTEBOOKS = sorted([*(REPO / "notebooks").glob("*.ipynb"), *(REPO / "solutions").glob("*.ipynb"),
@@ -216,3 +217,43 @@ def test_the_sanitizer_hides_only_lines_that_describe_the_machine():
     for kept in ("an L2 of 1024 KiB: tiles (Br, Bc) at D = 64, 128: [(128, 256), (64, 256)]",
                  "  this CPU's tiles: (64, 64)", "max diff below 1e-6: True", "relative gap 3.4e-07"):
         assert sanitized(kept) == kept
+
+
+# --- what fits JupyterLab's output area -------------------------------------------------------
+
+WIDTH = 110   # characters of an output line JupyterLab shows before it wraps the line mid-word
+NARROW_CHAPTERS = tuple(f"{n:02d}" for n in range(17))      # every lecture
+# (chapter, cell id, the line's start, why): the few lines that cannot be shorter.
+VERDICT = "a check's verdict is one line by contract: the CLI and the tests read it whole"
+WIDE_ALLOWED = (
+    ("12", "l12-10", "PASS ", VERDICT),
+    ("12", "l12-13", "PASS ", VERDICT),
+    ("12", "l12-17", "PASS ", VERDICT),
+    ("14", "e3281dca", "PASS ", VERDICT),
+    ("14", "2988b8cc", "PASS ", VERDICT),
+    ("14", "b928b518", "PASS ", VERDICT),
+)
+
+
+def wide_lines(nb, width=WIDTH):
+    """(cell id, line) of every stored output line of notebook JSON ``nb`` wider than ``width``: what a cell
+    printed (streams) and the plain text of its results and displays."""
+    out = []
+    for cell in nb["cells"]:
+        for o in cell.get("outputs", []):
+            text = "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+            out += [(cell.get("id"), line) for line in text.splitlines() if len(line) > width]
+    return out
+
+
+@pytest.mark.parametrize("chapter", NARROW_CHAPTERS)
+def test_no_stored_output_line_is_wider_than_jupyterlab_shows(chapter):
+    wide = [(cid, line) for cid, line in wide_lines({"cells": lectures.cells(chapter)})
+            if not any((chapter, cid) == (ch, c) and line.startswith(start) for ch, c, start, _why in WIDE_ALLOWED)]
+    assert wide == [], "print narrower (views.text.say wraps a sentence; a table wants fewer columns):\n" + \
+        "\n".join(f"{cid}: {line[:120]}" for cid, line in wide[:20])
+
+
+def test_the_width_rule_catches_a_wide_line():
+    nb = {"cells": [{"id": "x", "outputs": [{"output_type": "stream", "text": ["a" * 111 + "\n", "b" * 110]}]}]}
+    assert wide_lines(nb) == [("x", "a" * 111)]

@@ -125,6 +125,8 @@ def test_the_readmes_syllabus_counts_the_exercises_in_solutions():
     assert {int(k): int(v) for k, v in table.items() if v != "-"} == counts and table["00"] == "-"
     total = re.search(r"(\d+) graded exercises in (\d+) sets", readme)
     assert total and (int(total[1]), int(total[2])) == (sum(counts.values()), len(counts))
+    per_set = re.search(r"graded exercises in \d+ sets, (\d+) to (\d+) a set", readme)
+    assert per_set and (int(per_set[1]), int(per_set[2])) == (min(counts.values()), max(counts.values()))
 
 
 def test_chapter_00_orients_a_newcomer_to_every_chapter_and_set():

@@ -130,7 +130,8 @@ def test_preset_table_lists_every_preset_with_its_kind():
     assert "datasheet" in text and "illustrative" in text
     h100 = next(r for r in hardware.preset_table("float16") if r["key"] == "h100_sxm")
     assert (h100["l2_mib"], h100["tf32_tflops"]) == (50, pytest.approx(494.7))
-    assert "L2 MiB" in text and "TF32" in text
+    assert "L2" in text and "MiB" in text and "TF32" in text and "peaks in float16" in text
+    assert max(len(line) for line in text.splitlines()) <= 110     # JupyterLab's width
 
 
 def fake_measurement(**changes):

@@ -379,14 +379,18 @@ def preset_table(dtype="float16") -> list:
 
 
 def format_table(rows) -> str:
-    """The preset table as fixed-width text (deterministic, for notebooks)."""
-    lines = [f"{'machine':<50}{'dtype':<10}{'peak TFLOP/s':>13}{'TF32':>7}{'TB/s':>8}{'ridge F/B':>11}"
-             f"{'SRAM KiB':>10}{'L2 MiB':>8}{'units':>7}  kind"]
+    """The preset table as fixed-width text (deterministic, for notebooks), a column's name over its unit,
+    110 columns wide for the presets: the dtype of the peaks is said once, above the machines."""
+    width = max(len("machine"), *(len(r["name"]) for r in rows))
+    dtypes = ", ".join(sorted({r["dtype"] for r in rows}))
+    lines = [f"{'peaks in ' + dtypes:<{width}} {'peak':>7}{'TF32':>8}{'HBM':>7}{'ridge':>7}{'SRAM':>7}{'L2':>6}",
+             f"{'machine':<{width}} {'TFLOP/s':>7}{'TFLOP/s':>8}{'TB/s':>7}{'F/B':>7}{'KiB':>7}{'MiB':>6}"
+             f"{'units':>6} kind"]
     blank = lambda x, fmt: "-" if x is None else format(x, fmt)
     for r in rows:
-        lines.append(f"{r['name']:<50}{r['dtype']:<10}{r['peak_tflops']:>13.4g}{blank(r['tf32_tflops'], '.4g'):>7}"
-                     f"{r['bandwidth_tbs']:>8.3g}{r['ridge']:>11.4g}{r['sram_kib']:>10.4g}"
-                     f"{blank(r['l2_mib'], '.4g'):>8}{r['units']:>7}  {r['kind']}")
+        lines.append(f"{r['name']:<{width}} {r['peak_tflops']:>7.4g}{blank(r['tf32_tflops'], '.4g'):>8}"
+                     f"{r['bandwidth_tbs']:>7.3g}{r['ridge']:>7.4g}{r['sram_kib']:>7.4g}"
+                     f"{blank(r['l2_mib'], '.4g'):>6}{r['units']:>6} {r['kind']}")
     return "\n".join(lines)
 
 

@@ -41,6 +41,7 @@ from ..core.options import attention_options
 from ..decoder import custom_masks, dataset
 from ..decoder.split_kv import split_kv_decode
 from ..decoder.transformer import Transformer
+from ..views.text import wrapped
 
 # The precision table's rows: the dtype attention's q, k, v and the KV cache
 # are stored in.
@@ -342,33 +343,61 @@ def _mask_args(mask):
     return f"lengths {list(mask.lengths)}" if hasattr(mask, "lengths") else f"prefix {mask.prefix}"
 
 
+SHAPE_COLUMNS = {"B": "batch", "H": "heads", "Hk": "heads_k", "Nq": "seqlen_q", "Nk": "seqlen_k", "D": "head_dim"}
+NUMBER_COLUMNS = {*SHAPE_COLUMNS, "N", "ppl", "seconds", "vs reference", "byte-unigram", "splits", "x one split", "tiles"}
+
+
+def _columns(r) -> dict:
+    """One record's cells, by column name, as strings."""
+    s = r["shape"]
+    cells = {"impl": r["impl"], "dtype": r["dtype"], "phase": r["phase"], "kv cache": str(r["kv_cache"] or "-"),
+             **{name: str(s[key]) for name, key in SHAPE_COLUMNS.items()},
+             "mask": r["mask"], "ppl": "" if r["perplexity"] is None else f"{r['perplexity']:.4f}",
+             "seconds": "" if r["seconds"] is None else f"{r['seconds']:.2e}", "layer": r["layer"] or ""}
+    if "relative_change" in r:
+        cells["vs reference"] = f"{r['relative_change']:+.2e}"
+        cells["byte-unigram"] = f"{r['unigram_perplexity']:.2f}"
+    if "splits" in r:
+        cells["splits"] = str(r["splits"])
+        cells["x one split"] = f"{r['speedup_vs_one_split']:.2f}"
+    if "tiles_computed" in r:
+        cells["tiles"] = f"{r['tiles_computed']}/{r['tiles_in_all']}"
+    return cells
+
+
+def _chosen(r) -> str:
+    totals = {}
+    for per in r["chosen"].values():
+        for p, n in per.items():
+            totals[p] = totals.get(p, 0) + n
+    return f"budget {r['budget']:g}: " + ", ".join(f"{p} {n}" for p, n in sorted(totals.items()))
+
+
 def format_tables(records) -> str:
-    """The records as one plain-text table per ``table``, every row with its shape, precision and mask."""
+    """The records as one plain-text table per ``table``: a line names what every row shares (shape,
+    precision, mask, ...), the columns show what differs, and ``auto``'s choices follow its row.  The
+    lines fit a notebook's 110 characters (ppl: the perplexity; a mask's description is cut at 36)."""
     lines = []
     for table in dict.fromkeys(r["table"] for r in records):
+        rows = [r for r in records if r["table"] == table]
+        cells = [_columns(r) for r in rows]
+        if all(c["Nq"] == c["Nk"] for c in cells):         # prefill alone: one length
+            cells = [{**{k: v for k, v in c.items() if k not in ("Nq", "Nk")}, "N": c["Nq"]} for c in cells]
+        names = list(dict.fromkeys(name for c in cells for name in c))
+        shared = [n for n in names if len({c.get(n, "") for c in cells}) == 1 and len(cells) > 1]
+        shown = [n for n in names if n not in shared]
+        for c in cells:
+            c["mask"] = c["mask"][:36]
+        width = {n: max(len(n), *(len(c.get(n, "")) for c in cells)) for n in shown}
         lines.append(f"\n== {table} ==")
-        lines.append(f"{'impl':<26}{'dtype':<10}{'phase':<9}{'kv cache':<14}{'B H Hk Nq Nk D':<22}"
-                     f"{'mask':<28}{'perplexity':>11}{'seconds':>11}  layer / note")
-        for r in (r for r in records if r["table"] == table):
-            s = r["shape"]
-            shape = f"{s['batch']} {s['heads']} {s['heads_k']} {s['seqlen_q']} {s['seqlen_k']} {s['head_dim']}"
-            ppl = "" if r["perplexity"] is None else f"{r['perplexity']:.4f}"
-            sec = "" if r["seconds"] is None else f"{r['seconds']:.2e}"
-            note = r["layer"] or ""
-            if "relative_change" in r:
-                note += f"; vs reference {r['relative_change']:+.2e}; byte-unigram {r['unigram_perplexity']:.2f}"
+        if shared:
+            lines.append(wrapped("every row: " + "; ".join(f"{n} {cells[0][n]}" for n in shared if cells[0][n])))
+        fmt = lambda n, v: f"{v:>{width[n]}}" if n in NUMBER_COLUMNS else f"{v:<{width[n]}}"
+        lines.append(" ".join(fmt(n, n) for n in shown).rstrip())
+        for r, c in zip(rows, cells):
+            lines.append(" ".join(fmt(n, c.get(n, "")) for n in shown).rstrip())
             if "chosen" in r:
-                totals = {}
-                for per in r["chosen"].values():
-                    for p, n in per.items():
-                        totals[p] = totals.get(p, 0) + n
-                note += f"; budget {r['budget']:g}: " + ", ".join(f"{p} {n}" for p, n in sorted(totals.items()))
-            if "splits" in r:
-                note += f"; splits {r['splits']}, x{r['speedup_vs_one_split']:.2f}"
-            if "tiles_computed" in r:
-                note += f"; tiles {r['tiles_computed']}/{r['tiles_in_all']}"
-            lines.append(f"{r['impl']:<26}{r['dtype']:<10}{r['phase']:<9}{str(r['kv_cache'] or '-'):<14}"
-                         f"{shape:<22}{r['mask'][:27]:<28}{ppl:>11}{sec:>11}  {note}")
+                lines.append(f"    {r['impl']} {r['dtype']} {r['phase']} chose, {_chosen(r)}")
     return "\n".join(lines)
 
 

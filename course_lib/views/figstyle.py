@@ -116,3 +116,15 @@ def context():
 
     with matplotlib.rc_context(_rc()):
         yield
+
+
+def log_ticks(ax, axis="both"):
+    """Label a log axis at 1, 2 and 5 of each decade, in plain numbers: matplotlib labels only the powers
+    of ten, and an axis spanning less than a decade or two is left with one labelled tick."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for which in ("x", "y") if axis == "both" else (axis,):
+        a = getattr(ax, f"{which}axis")
+        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        a.set_minor_formatter(NullFormatter())

@@ -103,8 +103,8 @@ def figure_box_class():
                 width, height = figstyle.png_size(png)   # shown at its figsize, as the lecture's figures
                 metadata["image/png"] = {"width": round(width * SHOWN_DPI / PNG_DPI),
                                          "height": round(height * SHOWN_DPI / PNG_DPI)}
-            data["text/plain"] = (f"<{self.description}: run this cell in JupyterLab to move its controls; "
-                                  "the image is the figure for the values it was run with>")
+            data["text/plain"] = (f"<{self.description}: run this cell in JupyterLab to move its controls;\n"
+                                  " the image is the figure for the values it was run with>")   # two lines: 110 columns
             return (data, metadata) if metadata else data
 
     return FigureBox
