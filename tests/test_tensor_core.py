@@ -1,7 +1,8 @@
 """The tensor-core steps (chapter 11's GPU half): what can be checked without a GPU.
 
-The kernels are inline PTX and run on a GPU only; their checks at awkward shapes, the sanitizer runs
-and the timings are benchmarks/gpu_mma.py's, committed in notebooks/records/gpu_mma.jsonl (read here).
+The kernels are inline PTX; on a GPU their checks at awkward shapes, the sanitizer runs and the timings are
+benchmarks/gpu_mma.py's, committed in notebooks/records/gpu_mma.jsonl (read here); in numba's simulator,
+their instructions emulated, tests/test_tensor_core_sim.py checks every version at small shapes.
 What the kernel's correctness rests on, and what is checked here on the CPU: the fragment tables (where
 each lane's registers sit), the two ways P leaves S's accumulators for P V's A fragment, the host's
 conversion of the inputs to words, and the registry / availability rules.

@@ -50,8 +50,9 @@ H200; d: notebooks/records/gpu_mma.jsonl, run 20261206T074745+0000, NVIDIA H100 
 ``python benchmarks/results.py`` writes this column from the records; the ratios to the peers of the
 same runs are in benchmarks/README.md.
 
-The tensor-core rows (chapter 11's GPU half, ``tensor_cores``) are inline PTX: a real
-GPU only, never a simulator (``gpu_only``).  The CPU impls' times are in
+The tensor-core rows (chapter 11's GPU half, ``tensor_cores``) are inline PTX, listed on a
+real GPU only (``gpu_only``): numba's simulator runs them too, their instructions emulated
+(``tensor_cores.sim``), but only at the small shapes of their own sweep (tests/forward_mma_sim.py).  The CPU impls' times are in
 notebooks/records/cpu_attention.jsonl and bench_cpu.jsonl.
 
 Where an impl runs.  ``cuda``: a CUDA kernel, float32 only; without a GPU a
@@ -83,7 +84,7 @@ class Impl:
     function: str = "attention_forward"      # the function's name in the module
     options: dict = field(default_factory=dict)   # keyword arguments bound to it
     cuda: bool = False                       # a CUDA kernel: float32 only, simulated (small shapes) without a GPU
-    gpu_only: bool = False                   # inline PTX (the tensor cores): a real GPU only, no simulator
+    gpu_only: bool = False                   # inline PTX (the tensor cores): listed on a real GPU only
 
 
 def _step(name, what):

@@ -23,8 +23,8 @@ product, short of float32's accuracy on purpose) and ``tf32x3`` (``mma_3xtf32``:
     forward.py    plan, launch and run a forward step (``mma_forward``: impls ``cuda_mma_*``)
     backward.py   chapter 12's backward on the tensor cores (backward impl ``cuda_mma_f16``), two kernels
 
-The forward runs on a GPU only (inline PTX); the backward runs in numba's simulator too, its instructions
-emulated (``sim``).
+Both run on a GPU (inline PTX) and in numba's simulator, their instructions emulated (``sim``; a kernel calls
+them through ``instructions.ops``), at small shapes.
 """
 from ..cuda_steps.tiling import MAX_SHARED, STATIC_SHARED
 from .forward import (

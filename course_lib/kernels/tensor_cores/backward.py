@@ -48,9 +48,8 @@ from .layout import HALF_A, kind_of, padded, words
 
 if numba is not None:
     from ..cuda_steps.device import alibi_rebased_distance, softcap, visible
-    from . import mma, sim
     from .fragments import unroll
-    ops = sim if SIMULATOR else mma          # the instructions: emulated in the simulator
+    from .instructions import inlined, ops  # the instructions: emulated in the simulator
     softcap_slope = cuda.jit(device=True)(rules.softcap_slope)
     NEG_INF, POS_INF = float32(-math.inf), float32(math.inf)
 
@@ -89,11 +88,6 @@ def available() -> bool:
     return numba is not None and (SIMULATOR or on_gpu())
 
 
-def _device():
-    """cuda.jit for a device function, inlined on the GPU (the simulator takes no ``forceinline``)."""
-    return cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
-
-
 @dataclass(frozen=True)
 class BackwardShape:
     """What the two kernels are compiled with, fixed by (kind, tiling, D, Dv): numba takes the counts as
@@ -127,13 +121,13 @@ def make_products(shape):
     ``v_product`` (dV += P^T dO)."""
     mma_op = ops.mma_bf16 if shape.kind == "bf16" else ops.mma_f16
     pack = ops.pack_bf16 if shape.kind == "bf16" else ops.pack_f16
-    b_word = mma.b_word_gpu
+    b_word = ops.b_word_gpu
     inner_chunks = shape.inner_chunks
 
     def rows_times(n_chunks, n_tiles):
         """acc's fragment j += A's chunk kc (registers) times B from the rows of ``tile`` (x = kc n_tiles + j):
         S = Q K^T, dP = dO V^T and their transposes."""
-        @_device()
+        @inlined()
         def step(x, af, tile, acc, lane):
             kc, j = x // n_tiles, x % n_tiles
             n0, w0 = b_word(lane, 0)
@@ -142,13 +136,13 @@ def make_products(shape):
                 af[kc, 0], af[kc, 1], af[kc, 2], af[kc, 3],
                 tile[j * 8 + n0, kc * 8 + w0], tile[j * 8 + n1, kc * 8 + w1],
                 acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3])
-        return unroll(n_chunks * n_tiles, step, _device())
+        return unroll(n_chunks * n_tiles, step, inlined())
 
     def acc_times(n_tiles):
         """acc's fragment e += the accumulators ``c``'s 16-column chunk pc as A (two 8-column fragments, each
         pair of floats rounded and packed: HALF_A) times B from the transposed ``tile`` (x = pc n_tiles + e):
         dV += P^T dO, dK += dS^T Q, dQ += dS K."""
-        @_device()
+        @inlined()
         def step(x, c, tile, acc, lane):
             pc, e = x // n_tiles, x % n_tiles
             n0, w0 = b_word(lane, 0)
@@ -160,7 +154,7 @@ def make_products(shape):
                 pack(c[2 * pc + HALF_A[3][0], HALF_A[3][1]], c[2 * pc + HALF_A[3][0], HALF_A[3][2]]),
                 tile[e * 8 + n0, pc * 8 + w0], tile[e * 8 + n1, pc * 8 + w1],
                 acc[e, 0], acc[e, 1], acc[e, 2], acc[e, 3])
-        return unroll(inner_chunks * n_tiles, step, _device())
+        return unroll(inner_chunks * n_tiles, step, inlined())
 
     return SimpleNamespace(s_product=rows_times(shape.k_chunks, shape.inner_tiles),
                            dp_product=rows_times(shape.v_chunks, shape.inner_tiles),
@@ -171,7 +165,7 @@ def make_loads(shape):
     """(fragment, load): a warp's A fragments of 16 rows, and a block's inner tile of rows into shared memory."""
     inner, threads = shape.tiling.Bi, 32 * shape.tiling.warps
     low_halves, high_halves = ops.low_halves, ops.high_halves
-    a_word = mma.a_word_gpu
+    a_word = ops.a_word_gpu
 
     @cuda.jit(device=True)
     def fragment(src, b, h, r0, N, af, n_chunks, lane):
@@ -241,7 +235,7 @@ def make_dkdv_kernel(shape):
     k_chunks, v_chunks, inner_tiles = shape.k_chunks, shape.v_chunks, shape.inner_tiles
     d_tiles, o_tiles = shape.d_tiles, shape.o_tiles
     k_stride, v_stride, t_stride = key_words + 4, v_words + 4, inner // 2 + 4   # shared rows padded by 4 words
-    c_elem = mma.c_elem_gpu
+    c_elem = ops.c_elem_gpu
     products = make_products(shape)
     s_product, dp_product, d_product, v_product = (products.s_product, products.dp_product, products.d_product,
                                                    products.v_product)
@@ -327,7 +321,7 @@ def make_dq_kernel(shape):
     dims, key_words, v_words = shape.dims, shape.key_words, shape.v_words
     k_chunks, v_chunks, inner_tiles, d_tiles = shape.k_chunks, shape.v_chunks, shape.inner_tiles, shape.d_tiles
     k_stride, v_stride, t_stride = key_words + 4, v_words + 4, inner // 2 + 4   # shared rows padded by 4 words
-    c_elem = mma.c_elem_gpu
+    c_elem = ops.c_elem_gpu
     products = make_products(shape)
     s_product, dp_product, d_product = products.s_product, products.dp_product, products.d_product
     fragment, load = make_loads(shape)

@@ -40,8 +40,9 @@ The layout (tilings, where P's accumulators go, the swizzle and the rows each
 lane gives ldmatrix) is plain Python in ``layout``; ``make_mma_kernel`` builds
 the version a tiling asks for (``version_of``).  Tiles skipped, split-KV and
 the launch are chapter 10's ``cuda_steps.run``'s (the same visit lists, the
-same (out, lse) partials and merge).  Inline PTX runs on a GPU only: not in
-numba's simulator, not in cudacheck (``available``).
+same (out, lse) partials and merge).  Inline PTX runs on a GPU only; in
+numba's simulator every version runs with its instructions emulated
+(``instructions.ops`` is ``sim`` there), on small problems; not in cudacheck.
 """
 from __future__ import annotations
 
@@ -60,11 +61,12 @@ from ...core.masks import MaskSpec
 from ...core.options import call_forward
 from ...core.reference import lse_of_rebased, nan_lse_where_out_is_nan
 from .. import launch as host
-from ..cuda_steps.device import on_gpu
+from ..cuda_steps.device import SIMULATOR, on_gpu
 from ..cuda_steps.run import Plan, kernel_args
 from ..cuda_steps.run import launcher as run_launcher
 from ..cuda_steps.tiling import MAX_SHARED, STATIC_SHARED
 from ..cuda_steps.tuning import decode_splits as _decode_splits
+from ..flash_numba_cuda import sim_max_work
 from .layout import (
     DECODE_ROWS,
     KINDS,
@@ -82,8 +84,9 @@ if numba is not None:
 
 
 def available() -> bool:
-    """Inline PTX needs a real GPU (sm_80 or newer for these mma shapes)."""
-    return numba is not None and on_gpu()
+    """Inline PTX needs a real GPU (sm_80 or newer for these mma shapes); numba's simulator runs the same
+    kernels with the instructions emulated (``sim``)."""
+    return numba is not None and (SIMULATOR or on_gpu())
 
 
 def version_of(tiling: MmaTiling):
@@ -218,7 +221,11 @@ def launcher(step, q, k, v, opts, mask, *, tiling=None, splits=1, pack=True):
 def mma_forward(q, k, v, opts, mask, step="mma_f16", *, tiling=None, splits=1):
     """Run ``step`` on validated dense numpy inputs: (out in the input dtype, lse) (an ``attention_forward``)."""
     if not available():
-        raise RuntimeError(f"{step} is inline PTX for a GPU's tensor cores: it runs on a GPU only")
+        raise RuntimeError(f"{step} is inline PTX for a GPU's tensor cores: it runs on a GPU, or in numba's "
+                           "simulator (NUMBA_ENABLE_CUDASIM=1) with its instructions emulated")
+    B, H, Nq, D = q.shape
+    if not on_gpu() and B * H * Nq * k.shape[2] * (D + v.shape[3]) > sim_max_work():
+        raise ValueError(f"the simulator takes only small problems (B*H*Nq*Nk*(D+Dv) <= {sim_max_work()})")
     go, out, lse = launcher(step, q, k, v, opts, mask, tiling=tiling, splits=splits)
     go()
     out, lse = out.copy_to_host(), lse.copy_to_host()

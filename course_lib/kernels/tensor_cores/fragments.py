@@ -23,12 +23,12 @@ from numba import cuda, float32, uint32
 
 from ...core import rules
 from ..cuda_steps.device import alibi_rebased_distance, finalize, rescale_exp2, shift_of, softcap, visible
-from . import mma
+from .instructions import inlined, ops
 from .layout import HALF_A, TF32_A, k_address, k_rows, swizzle, tf32_key, v_address, v_rows, v_word_address
 
 NEG_INF = float32(-math.inf)
 ALL_LANES = 0xFFFFFFFF
-a_word, b_word, c_elem = mma.a_word_gpu, mma.b_word_gpu, mma.c_elem_gpu
+a_word, b_word, c_elem = ops.a_word_gpu, ops.b_word_gpu, ops.c_elem_gpu
 key_of = cuda.jit(device=True)(tf32_key)
 swz, k_row, v_row, k_addr, v_addr, vw_addr = (cuda.jit(device=True)(f) for f in (
     swizzle, k_rows, v_rows, k_address, v_address, v_word_address))
@@ -41,7 +41,7 @@ def unroll(n, body, device=None):
     registers (ptxas -v's "stack frame").  The 3xTF32 products (three mma and six splits a step) are too
     long for LLVM, so they are written out this way.  ``device``: the decorator of each piece (inlined on
     the GPU by default; the simulator takes no ``forceinline``)."""
-    return _unroll(body, 0, n, device or cuda.jit(device=True, forceinline=True))
+    return _unroll(body, 0, n, device or inlined())
 
 
 def _unroll(body, start, n, device):
@@ -63,17 +63,17 @@ def _unroll(body, start, n, device):
 @cuda.jit(device=True, inline=True)
 def split(w):
     """A float32 (its word) -> (hi, lo): hi its tf32, lo the tf32 of what hi leaves out (exactly x - hi)."""
-    hi = mma.round_tf32(w)
-    return hi, mma.round_tf32(mma.word_of(mma.float_of(w) - mma.float_of(hi)))
+    hi = ops.round_tf32(w)
+    return hi, ops.round_tf32(ops.word_of(ops.float_of(w) - ops.float_of(hi)))
 
 
 def make_product(kind):
     """C + A B on the tensor cores for ``kind``: one mma on halves, one on operands rounded to tf32, or
     3xTF32's three (small terms first)."""
-    to_tf32, float_of = mma.to_tf32, mma.float_of
+    to_tf32, float_of = ops.to_tf32, ops.float_of
     if kind in ("f16", "bf16"):
-        return mma.mma_bf16 if kind == "bf16" else mma.mma_f16
-    mma_tf32 = mma.mma_tf32
+        return ops.mma_bf16 if kind == "bf16" else ops.mma_f16
+    mma_tf32 = ops.mma_tf32
 
     @cuda.jit(device=True, inline=True)
     def tf32_product(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -98,14 +98,14 @@ def make_p_as_a(kind):
     """P's chunk pc as A's four words, straight from S's accumulators: for tf32 the floats TF32_A of one
     8-key tile (A's word w is key tf32_key(w)); for halves, two 8-key tiles' pairs of floats, rounded and
     packed (HALF_A)."""
-    pack = mma.pack_bf16 if kind == "bf16" else mma.pack_f16
+    pack = ops.pack_bf16 if kind == "bf16" else ops.pack_f16
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def p_as_a_tf32(s, pc):
-        return (mma.word_of(s[pc, TF32_A[0]]), mma.word_of(s[pc, TF32_A[1]]),
-                mma.word_of(s[pc, TF32_A[2]]), mma.word_of(s[pc, TF32_A[3]]))
+        return (ops.word_of(s[pc, TF32_A[0]]), ops.word_of(s[pc, TF32_A[1]]),
+                ops.word_of(s[pc, TF32_A[2]]), ops.word_of(s[pc, TF32_A[3]]))
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def p_as_a_halves(s, pc):
         return (pack(s[2 * pc + HALF_A[0][0], HALF_A[0][1]], s[2 * pc + HALF_A[0][0], HALF_A[0][2]]),
                 pack(s[2 * pc + HALF_A[1][0], HALF_A[1][1]], s[2 * pc + HALF_A[1][0], HALF_A[1][2]]),
@@ -122,7 +122,7 @@ def make_padded_products(shape):
     tf32 = shape.tf32
     product, p_as_a = make_product(shape.kind), make_p_as_a(shape.kind)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_step(x, qf, ks, s, lane):
         """S's fragment j += Q's chunk kc times K's (x = kc s_tiles + j)."""
         kc, j = x // s_tiles, x % s_tiles
@@ -133,12 +133,12 @@ def make_padded_products(shape):
             ks[j * 8 + n0, kc * 8 + w0], ks[j * 8 + n1, kc * 8 + w1],
             s[j, 0], s[j, 1], s[j, 2], s[j, 3])
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def v_word(vs, row, col):
         """Word (row, col) of the padded V tile."""
         return vs[row, col]
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def pv_step(x, s, vs, vb, o, lane):
         """O's fragment e += P's chunk pc times V's (x = pc o_tiles + e): P's fragments become A's."""
         pc, e = x // o_tiles, x % o_tiles
@@ -162,14 +162,14 @@ def make_k_fragments(shape):
     address, ``k_address``).  Every product on swizzled tiles loads K this way."""
     key_words, k_folded = shape.key_words, shape.k_folded
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def k_fragments(ks, kb, j, kc, lane):
         if k_folded:
             at = k_addr(lane, j, kc, key_words)
         else:
             row, w = k_row(lane, j, kc)
             at = swz(row, w, key_words)
-        return mma.ldmatrix_x4(ks, kb + at)
+        return ops.ldmatrix_x4(ks, kb + at)
     return k_fragments
 
 
@@ -182,7 +182,7 @@ def make_swizzled_products(shape):
     product, p_as_a = make_product(shape.kind), make_p_as_a(shape.kind)
     k_fragments = make_k_fragments(shape)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_step(x, qf, ks, kb, s, lane):
         """S's fragments j and j + 1 += Q's chunk kc times K's (x = kc s_tiles / 2 + j / 2): their four B
         words by one ldmatrix (k_rows)."""
@@ -193,7 +193,7 @@ def make_swizzled_products(shape):
         s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3] = product(
             qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3], b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def pv_step_halves(x, s, vs, vb, o, lane):
         """O's fragments e and e + 1 += P's chunk pc times V's (x = pc o_tiles / 2 + e / 2): the four B
         words by one transposed ldmatrix (v_rows)."""
@@ -203,18 +203,18 @@ def make_swizzled_products(shape):
         else:
             row, w = v_row(lane, e, pc)
             at = swz(row, w, v_words)
-        b0, b1, b2, b3 = mma.ldmatrix_x4_trans(vs, vb + at)
+        b0, b1, b2, b3 = ops.ldmatrix_x4_trans(vs, vb + at)
         a0, a1, a2, a3 = p_as_a(s, pc)
         o[e, 0], o[e, 1], o[e, 2], o[e, 3] = product(a0, a1, a2, a3, b0, b1, o[e, 0], o[e, 1], o[e, 2], o[e, 3])
         o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3] = product(
             a0, a1, a2, a3, b2, b3, o[e + 1, 0], o[e + 1, 1], o[e + 1, 2], o[e + 1, 3])
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def v_word(vs, vb, row, col):
         """Word (row, col) of the swizzled V tile at word vb."""
         return vs[vb + swz(row, col, v_words)]
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def pv_step_tf32(x, s, vs, vb, o, lane):
         """O's fragment e += P's chunk pc times V's (x = pc o_tiles + e), B's word w key tf32_key(w)."""
         pc, e = x // o_tiles, x % o_tiles
@@ -247,7 +247,7 @@ def make_q_shared_product(shape, product):
     s_tiles, k_chunks = shape.s_tiles, shape.k_chunks
     k_fragments = make_k_fragments(shape)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_pair(jp, a0, a1, a2, a3, kc, ks, kb, s, lane):
         j = 2 * jp
         b0, b1, b2, b3 = k_fragments(ks, kb, j, kc, lane)
@@ -256,7 +256,7 @@ def make_q_shared_product(shape, product):
             a0, a1, a2, a3, b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
     s_pairs = unroll(s_tiles // 2, s_pair)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_product(qs, qb, ks, kb, s, lane):
         for kc in range(k_chunks):
             at = qb + kc * 128
@@ -279,9 +279,9 @@ def split_b_product(h0, h1, h2, h3, l0, l1, l2, l3, b0, b1, c0, c1, c2, c3):
     """3xTF32's C + A B with A already split: B's two words split here, three mma, small terms first."""
     hb0, lb0 = split(b0)
     hb1, lb1 = split(b1)
-    c0, c1, c2, c3 = mma.mma_tf32(l0, l1, l2, l3, hb0, hb1, c0, c1, c2, c3)
-    c0, c1, c2, c3 = mma.mma_tf32(h0, h1, h2, h3, lb0, lb1, c0, c1, c2, c3)
-    return mma.mma_tf32(h0, h1, h2, h3, hb0, hb1, c0, c1, c2, c3)
+    c0, c1, c2, c3 = ops.mma_tf32(l0, l1, l2, l3, hb0, hb1, c0, c1, c2, c3)
+    c0, c1, c2, c3 = ops.mma_tf32(h0, h1, h2, h3, lb0, lb1, c0, c1, c2, c3)
+    return ops.mma_tf32(h0, h1, h2, h3, hb0, hb1, c0, c1, c2, c3)
 
 
 def make_split_once_products(shape):
@@ -293,7 +293,7 @@ def make_split_once_products(shape):
     s_tiles, o_tiles, v_words, v_folded = shape.s_tiles, shape.o_tiles, shape.v_words, shape.v_folded
     k_fragments = make_k_fragments(shape)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_pair(jp, h0, h1, h2, h3, l0, l1, l2, l3, kc, ks, kb, s, lane):
         """S's key tiles j = 2 jp and j + 1 += Q's split chunk kc times K's (four B words by one ldmatrix)."""
         j = 2 * jp
@@ -304,19 +304,19 @@ def make_split_once_products(shape):
             h0, h1, h2, h3, l0, l1, l2, l3, b2, b3, s[j + 1, 0], s[j + 1, 1], s[j + 1, 2], s[j + 1, 3])
     s_pairs = unroll(s_tiles // 2, s_pair)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_chunk(kc, qf, ks, kb, s, lane):
         h0, h1, h2, h3, l0, l1, l2, l3 = split4(qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3])
         s_pairs(h0, h1, h2, h3, l0, l1, l2, l3, kc, ks, kb, s, lane)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_chunk_shared(kc, qs, qb, ks, kb, s, lane):
         """The same with Q's chunk kc read back from shared memory, split already (``q_split_to_shared``)."""
         at = qb + kc * 256
         s_pairs(qs[at], qs[at + 32], qs[at + 64], qs[at + 96], qs[at + 128], qs[at + 160], qs[at + 192],
                 qs[at + 224], kc, ks, kb, s, lane)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def o_tile(e, h0, h1, h2, h3, l0, l1, l2, l3, pc, vs, vb, o, lane):
         """O's dim tile e += P's split chunk pc times V's (B's word w key tf32_key(w), read word by word)."""
         if v_folded:
@@ -331,15 +331,15 @@ def make_split_once_products(shape):
                                                              o[e, 0], o[e, 1], o[e, 2], o[e, 3])
     o_tiles_of = unroll(o_tiles, o_tile)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def p_chunk(pc, s, vs, vb, o, lane):
-        h0, h1, h2, h3, l0, l1, l2, l3 = split4(mma.word_of(s[pc, TF32_A[0]]), mma.word_of(s[pc, TF32_A[1]]),
-                                                mma.word_of(s[pc, TF32_A[2]]), mma.word_of(s[pc, TF32_A[3]]))
+        h0, h1, h2, h3, l0, l1, l2, l3 = split4(ops.word_of(s[pc, TF32_A[0]]), ops.word_of(s[pc, TF32_A[1]]),
+                                                ops.word_of(s[pc, TF32_A[2]]), ops.word_of(s[pc, TF32_A[3]]))
         o_tiles_of(h0, h1, h2, h3, l0, l1, l2, l3, pc, vs, vb, o, lane)
 
     k_chunks = shape.k_chunks
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def s_product_shared(qs, qb, ks, kb, s, lane):
         """Q's chunks from shared memory in a loop that is not written out: ptxas cannot then load every K
         fragment of the tile ahead of its products (32 ldmatrix, 128 registers at D = 128)."""
@@ -409,7 +409,7 @@ def make_tile_math(shape):
     device functions)."""
     k_chunks, s_tiles, o_tiles = shape.k_chunks, shape.s_tiles, shape.o_tiles
     LN2 = float32(rules.LN2)
-    max_nan = mma.max_nan
+    max_nan = ops.max_nan
 
     Br = shape.tiling.Br
 
@@ -487,8 +487,8 @@ def make_tile_math(shape):
             mx = NEG_INF
             for j in range(s_tiles):
                 mx = max_nan(mx, max_nan(s[j, 2 * r], s[j, 2 * r + 1]))
-            mx = max_nan(mx, cuda.shfl_xor_sync(ALL_LANES, mx, 1))
-            mx = max_nan(mx, cuda.shfl_xor_sync(ALL_LANES, mx, 2))
+            mx = max_nan(mx, ops.shfl_xor_sync(ALL_LANES, mx, 1))
+            mx = max_nan(mx, ops.shfl_xor_sync(ALL_LANES, mx, 2))
             m_new = max_nan(m[r], mx * ms)
             alpha = float32(rescale_exp2(m[r], m_new))
             shift = float32(shift_of(m_new))
@@ -509,8 +509,8 @@ def make_tile_math(shape):
         lse of this warp's rows (the split's piece under split-KV)."""
         for r in range(2):
             total = l[r]
-            total += cuda.shfl_xor_sync(ALL_LANES, total, 1)
-            total += cuda.shfl_xor_sync(ALL_LANES, total, 2)
+            total += ops.shfl_xor_sync(ALL_LANES, total, 1)
+            total += ops.shfl_xor_sync(ALL_LANES, total, 2)
             row_lse, inv_l = finalize(m[r] * LN2, total)
             i = row0 + lane // 4 + 8 * r
             if i < Nq:

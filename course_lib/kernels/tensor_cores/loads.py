@@ -8,10 +8,10 @@
 """
 from __future__ import annotations
 
-from numba import cuda, uint32
+from numba import uint32
 
-from . import mma
 from .fragments import swz
+from .instructions import inlined, ops
 
 
 def make_fetch(shape):
@@ -21,7 +21,7 @@ def make_fetch(shape):
     Bc, threads, key_words, v_words = shape.tiling.Bc, shape.tiling.threads, shape.key_words, shape.v_words
     k_each, v_each = shape.k_words_each, shape.v_words_each
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def fetch_by_keys(k, v, b, kh, c0, Nk, t, kw, vw):
         for u in range(k_each):
             x = t + u * threads
@@ -38,7 +38,7 @@ def make_fetch(shape):
             vw[u, 0] = lo
             vw[u, 1] = hi
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def fetch_key_pairs(k, v, b, kh, c0, Nk, t, kw, vw):
         for u in range(k_each):
             x = t + u * threads
@@ -66,7 +66,7 @@ def make_place(shape):
     Bc, threads, key_words, v_words = shape.tiling.Bc, shape.tiling.threads, shape.key_words, shape.v_words
     k_each, v_each = shape.k_words_each, shape.v_words_each
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def place_swizzled(kw, vw, ks, vs, t):
         for u in range(k_each):
             x = t + u * threads
@@ -77,7 +77,7 @@ def make_place(shape):
             if x < Bc * v_words:
                 vs[swz(x // v_words, x % v_words, v_words)] = vw[u, 0]
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def place_by_keys(kw, vw, ks, vs, t):
         for u in range(k_each):
             x = t + u * threads
@@ -88,7 +88,7 @@ def make_place(shape):
             if x < Bc * v_words:
                 vs[x // v_words, x % v_words] = vw[u, 0]
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def place_transposed(kw, vw, ks, vs, t):
         for u in range(k_each):
             x = t + u * threads
@@ -98,8 +98,8 @@ def make_place(shape):
             x = t + u * threads
             if x < (Bc // 2) * v_words:
                 w = x % v_words
-                vs[2 * w, x // v_words] = mma.low_halves(vw[u, 0], vw[u, 1])
-                vs[2 * w + 1, x // v_words] = mma.high_halves(vw[u, 0], vw[u, 1])
+                vs[2 * w, x // v_words] = ops.low_halves(vw[u, 0], vw[u, 1])
+                vs[2 * w + 1, x // v_words] = ops.high_halves(vw[u, 0], vw[u, 1])
     if shape.tiling.ldmatrix:
         return place_swizzled
     return place_by_keys if shape.tf32 else place_transposed
@@ -112,7 +112,7 @@ def make_copy(shape):
     key_words, v_words, k_row_chunks, v_row_chunks = shape.key_words, shape.v_words, shape.k_row_chunks, shape.v_row_chunks
     k_chunks_each, v_chunks_each = shape.k_chunks_each, shape.v_chunks_each
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def copy_rows(src, tile, base, rw, chunks, per_thread, c0, Nk, t):
         """Thread t's 16-byte chunks of Bc rows of one head's ``src`` (``rw`` words, ``chunks`` chunks a row)
         at key c0, by cp.async, into ``tile`` at word ``base`` (swizzled); rows past Nk zero-filled (0 bytes
@@ -121,10 +121,10 @@ def make_copy(shape):
             x = t + u * threads
             if (Bc * chunks) % threads == 0 or x < Bc * chunks:
                 row, w = x // chunks, 4 * (x % chunks)
-                mma.cp_async16(tile, base + swz(row, w, rw), src, min(c0 + row, Nk - 1) * rw + w,
+                ops.cp_async16(tile, base + swz(row, w, rw), src, min(c0 + row, Nk - 1) * rw + w,
                                16 if c0 + row < Nk else 0)
 
-    @cuda.jit(device=True, forceinline=True)
+    @inlined()
     def copy(k_head, v_head, c0, Nk, t, ks, vs, kb, vb):
         copy_rows(k_head, ks, kb, key_words, k_row_chunks, k_chunks_each, c0, Nk, t)
         copy_rows(v_head, vs, vb, v_words, v_row_chunks, v_chunks_each, c0, Nk, t)

@@ -48,7 +48,8 @@ Two more for feeding the fragments from shared memory (steps c and d of chapter 
   ``nbytes`` are zero-filled: a tile's rows past Nk), ``commit_group`` closes a batch of copies, and
   ``wait_group N`` waits until at most N batches are still in flight: double buffering.
 
-The simulators cannot run inline PTX: these kernels run on a GPU only.
+The simulators cannot run inline PTX: ``sim`` emulates each of these instructions there, and a kernel
+calls them through ``instructions.ops``, this module on a GPU and ``sim`` in numba's simulator.
 """
 from __future__ import annotations
 
@@ -255,3 +256,4 @@ if cuda is not None:
     cp_async_wait1 = _bare("cp.async.wait_group 1;")    # all but the newest batch have
 
     a_word_gpu, b_word_gpu, c_elem_gpu = (cuda.jit(device=True)(f) for f in (a_word, b_word, c_elem))
+    shfl_xor_sync = getattr(cuda, "shfl_xor_sync", None)   # numba's own; the simulator has none (``sim``'s)

@@ -24,8 +24,8 @@ from __future__ import annotations
 from numba import cuda, float32, uint32
 
 from ...core import rules
-from . import mma
 from .fragments import make_padded_products, make_q_to_shared, make_swizzled_products, make_tile_math, q_chunk_words
+from .instructions import ops
 from .loads import make_copy, make_fetch, make_place
 
 
@@ -86,8 +86,8 @@ def make_plain_kernel(shape):
                         lo = v[b, kh, c0 + 2 * p, w]
                     if c0 + 2 * p + 1 < Nk:
                         hi = v[b, kh, c0 + 2 * p + 1, w]
-                    vs[2 * w, p] = mma.low_halves(lo, hi)
-                    vs[2 * w + 1, p] = mma.high_halves(lo, hi)
+                    vs[2 * w, p] = ops.low_halves(lo, hi)
+                    vs[2 * w + 1, p] = ops.high_halves(lo, hi)
             cuda.syncthreads()             # the tiles are complete
 
             zero_s(s)
@@ -274,7 +274,7 @@ def make_cp_async_kernel(shape):
         k_head, v_head = k[b, kh], v[b, kh]    # this block's head: (keys, words) rows
         if first < last:               # the first tile's copies, in flight before the loop
             copy(k_head, v_head, visit[tr, first] * Bc, Nk, t, ks, vs, 0, 0)
-            mma.cp_async_commit()
+            ops.cp_async_commit()
         for n in range(first, last):
             tc = visit[tr, n]
             c0 = tc * Bc
@@ -282,10 +282,10 @@ def make_cp_async_kernel(shape):
             if n + 1 < last:           # the next tile's copies into the other stage, then wait for this tile's
                 copy(k_head, v_head, visit[tr, n + 1] * Bc, Nk, t, ks, vs, (1 - stage) * k_tile,
                      (1 - stage) * v_tile)
-                mma.cp_async_commit()
-                mma.cp_async_wait1()
+                ops.cp_async_commit()
+                ops.cp_async_wait1()
             else:
-                mma.cp_async_wait0()
+                ops.cp_async_wait0()
             cuda.syncthreads()         # every thread's copies of this tile have landed
 
             zero_s(s)
@@ -334,7 +334,7 @@ def make_q_shared_kernel(shape):
         k_head, v_head = k[b, kh], v[b, kh]
         if first < last:
             copy(k_head, v_head, visit[tr, first] * Bc, Nk, t, ks, vs, 0, 0)
-            mma.cp_async_commit()
+            ops.cp_async_commit()
         for n in range(first, last):
             tc = visit[tr, n]
             c0 = tc * Bc
@@ -342,10 +342,10 @@ def make_q_shared_kernel(shape):
             if n + 1 < last:
                 copy(k_head, v_head, visit[tr, n + 1] * Bc, Nk, t, ks, vs, (1 - stage) * k_tile,
                      (1 - stage) * v_tile)
-                mma.cp_async_commit()
-                mma.cp_async_wait1()
+                ops.cp_async_commit()
+                ops.cp_async_wait1()
             else:
-                mma.cp_async_wait0()
+                ops.cp_async_wait0()
             cuda.syncthreads()
 
             zero_s(s)
