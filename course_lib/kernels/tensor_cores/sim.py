@@ -64,11 +64,11 @@ _A_AT = tuple(np.array([[a_word(lane, reg)[i] for reg in range(4)] for lane in r
 _B_AT = tuple(np.array([[b_word(lane, reg)[i] for reg in range(2)] for lane in range(32)]) for i in (0, 1))
 
 
-def _operands(regs, k_words):
+def _operands(regs):
     """The warp's registers (32 lanes x (4 A words, 2 B words)) placed by the fragment tables: A (16 rows x
-    k_words words) and B (8 columns x k_words words), as words."""
+    8 words) and B (8 columns x 8 words), as words (two halves each, or one tf32)."""
     regs = np.array(regs, dtype=np.uint32)
-    A, B = np.zeros((16, k_words), np.uint32), np.zeros((8, k_words), np.uint32)
+    A, B = np.zeros((16, 8), np.uint32), np.zeros((8, 8), np.uint32)
     A[_A_AT] = regs[:, :4]
     B[_B_AT] = regs[:, 4:]
     return A, B
@@ -77,7 +77,7 @@ def _operands(regs, k_words):
 def _mma(dtype):
     def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         regs, lane = trade((a0, a1, a2, a3, b0, b1))
-        A, B = (x.view(np.uint16).view(dtype).astype(np.float64) for x in _operands(regs, 8))  # halves: lower first
+        A, B = (x.view(np.uint16).view(dtype).astype(np.float64) for x in _operands(regs))  # halves: lower first
         product = A @ B.T
         c = (c0, c1, c2, c3)
         return tuple(np.float32(product[c_elem(lane, reg)] + np.float64(c[reg])) for reg in range(4))
@@ -93,7 +93,7 @@ TF32_BITS = 0xFFFFE000      # what an mma on tf32 reads of a word: sign, exponen
 def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """m16n8k8 on tf32: A (16 x 8 words), B (8 columns n of 8 words k), placed by the same tables."""
     regs, lane = trade((a0, a1, a2, a3, b0, b1))
-    A, B = ((x & np.uint32(TF32_BITS)).view(np.float32).astype(np.float64) for x in _operands(regs, 8))
+    A, B = ((x & np.uint32(TF32_BITS)).view(np.float32).astype(np.float64) for x in _operands(regs))
     product = A @ B.T
     c = (c0, c1, c2, c3)
     return tuple(np.float32(product[c_elem(lane, reg)] + np.float64(c[reg])) for reg in range(4))
@@ -117,6 +117,9 @@ def shfl_xor_sync(mask, value, lane_mask):
     return values[lane ^ lane_mask]
 
 
+_ROW_GIVER = {ldmatrix_row(lane): lane for lane in range(32)}   # (matrix, row) -> the lane that gives its address
+
+
 def _ldmatrix(trans):
     def ldmatrix(tile, index):
         """Four 8 x 8 matrices of halves: lane i gave the word where row ``ldmatrix_row(i)`` starts."""
@@ -124,7 +127,7 @@ def _ldmatrix(trans):
         words = np.asarray(tile).reshape(-1)
         regs = []
         for matrix in range(4):
-            start = {r: starts[8 * matrix + r] for r in range(8)}
+            start = [starts[_ROW_GIVER[matrix, r]] for r in range(8)]
             if not trans:
                 row, w = ldmatrix_word(lane, matrix)
                 regs.append(np.uint32(words[start[row] + w]))
@@ -138,7 +141,6 @@ def _ldmatrix(trans):
 
 ldmatrix_x4 = _ldmatrix(False)
 ldmatrix_x4_trans = _ldmatrix(True)
-assert all(ldmatrix_row(8 * m + r) == (m, r) for m in range(4) for r in range(8))   # lane 8 m + r: row r of m
 
 
 def cp_async16(tile, index, src, word, nbytes):
