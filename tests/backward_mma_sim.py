@@ -11,7 +11,6 @@ import json
 
 import ml_dtypes
 import numpy as np
-from numba import cuda
 
 import course_lib
 from course_lib import checks
@@ -19,10 +18,10 @@ from course_lib.bench.cases import with_slopes
 from course_lib.bench.timing import verdict
 from course_lib.core import rules
 from course_lib.kernels.tensor_cores import backward as tb
-from course_lib.kernels.tensor_cores import mma
 from course_lib.kernels.tensor_cores import sim as mma_sim
 
 from conftest import make_qkv
+from forward_mma_sim import one_warp_mma
 
 SMALL = tb.BackwardTiling(warps=2, Bi=16)
 tb.default_tiling = lambda kind, D, Dv: SMALL
@@ -70,18 +69,7 @@ def mma_unit(kind, seed=3):
     C = rng.standard_normal((16, 8)).astype(np.float32)
     aw, bw = (x.view(np.uint16).astype(np.uint32) for x in (A, B))
     aw, bw = aw[:, 0::2] | (aw[:, 1::2] << 16), bw[:, 0::2] | (bw[:, 1::2] << 16)    # two halves a word
-    D = np.zeros((16, 8), np.float32)
-
-    @cuda.jit
-    def one_mma(aw, bw, c, d):
-        lane = cuda.threadIdx.x
-        a = [aw[mma.a_word(lane, r)] for r in range(4)]
-        b = [bw[mma.b_word(lane, r)] for r in range(2)]
-        cc = [c[mma.c_elem(lane, r)] for r in range(4)]
-        out = op(a[0], a[1], a[2], a[3], b[0], b[1], cc[0], cc[1], cc[2], cc[3])
-        for r in range(4):
-            d[mma.c_elem(lane, r)] = out[r]
-    one_mma[1, 32](aw, bw, C, D)
+    D = one_warp_mma(op, aw, bw, C)
     want = A.astype(np.float64) @ B.astype(np.float64).T + C
     err = float(np.max(np.abs(D - want)))
     return "PASS" if err <= 1e-5 * float(np.max(np.abs(want))) else f"FAIL mma_{kind}: max error {err:.3g}"

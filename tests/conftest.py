@@ -1,6 +1,6 @@
 """What the test modules share: the repository's path, random q, k, v, random attention
-problems for hypothesis, the browser the real-browser tests drive, and the markers that skip a
-test where this machine cannot run it.
+problems for hypothesis, the scripts run in numba's simulator, the browser the real-browser tests drive, and the
+markers that skip a test where this machine cannot run it.
 
 A test module imports the names (``from conftest import REPO, make_qkv``); the markers need no
 import:
@@ -12,7 +12,9 @@ import:
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,6 +72,18 @@ def attention_problems(draw, batch=st.integers(0, 2), seqlen=st.integers(0, 9), 
         slopes_shape = {"heads": (shape["heads"],), "batch_heads": (shape["batch"], shape["heads"])}[layout]
         options["alibi_slopes"] = np.linspace(0.05, 0.7, int(np.prod(slopes_shape))).reshape(slopes_shape)
     return shape, options, draw(dtype), draw(st.integers(0, 2 ** 16))
+
+
+# -- numba's simulator --------------------------------------------------------------------------
+
+def simulator_verdicts(script: str, timeout: int = 900) -> dict:
+    """Run ``tests/<script>`` in a subprocess with numba's simulator (NUMBA_ENABLE_CUDASIM=1 must be set
+    before numba is imported) and return the verdicts it prints as its last line, a JSON object."""
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(REPO / "tests" / script)], capture_output=True, text=True,
+                            env=env, cwd=REPO, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 # -- the markers ----------------------------------------------------------------------------------

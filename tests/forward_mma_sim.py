@@ -115,24 +115,31 @@ def plan():
 
 # -- the emulated instructions, one at a time, against numpy -----------------------------------------
 
-def tf32_unit(seed=3):
-    """One warp's m16n8k8 on tf32 words through ``sim`` against float64's product of the tf32 values."""
-    rng = np.random.default_rng(seed)
-    A, B = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
-    C = rng.standard_normal((16, 8)).astype(np.float32)
-    aw, bw = A.view(np.uint32), B.view(np.uint32)
-    D = np.zeros((16, 8), np.float32)
-
+def one_warp_mma(op, aw, bw, c):
+    """D (16 x 8, float32) of one emulated ``op`` (``sim``'s mma_f16 / mma_bf16 / mma_tf32), run by a warp of
+    32 threads in the simulator (the backward's sweep calls it too): A's words ``aw`` (16 x 8), B's ``bw``
+    (8 x 8, n by k) and C ``c`` handed to each lane, and D read back, by the PTX ISA's fragment tables."""
     @cuda.jit
     def one_mma(aw, bw, c, d):
         lane = cuda.threadIdx.x
         a = [aw[mma.a_word(lane, r)] for r in range(4)]
         b = [bw[mma.b_word(lane, r)] for r in range(2)]
         cc = [c[mma.c_elem(lane, r)] for r in range(4)]
-        out = mma_sim.mma_tf32(a[0], a[1], a[2], a[3], b[0], b[1], cc[0], cc[1], cc[2], cc[3])
+        out = op(a[0], a[1], a[2], a[3], b[0], b[1], cc[0], cc[1], cc[2], cc[3])
         for r in range(4):
             d[mma.c_elem(lane, r)] = out[r]
-    one_mma[1, 32](aw, bw, C, D)
+    d = np.zeros((16, 8), np.float32)
+    one_mma[1, 32](aw, bw, c, d)
+    return d
+
+
+def tf32_unit(seed=3):
+    """One warp's m16n8k8 on tf32 words through ``sim`` against float64's product of the tf32 values."""
+    rng = np.random.default_rng(seed)
+    A, B = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+    aw, bw = A.view(np.uint32), B.view(np.uint32)
+    D = one_warp_mma(mma_sim.mma_tf32, aw, bw, C)
     truncated = lambda x: (x.view(np.uint32) & np.uint32(mma_sim.TF32_BITS)).view(np.float32).astype(np.float64)
     want = truncated(A) @ truncated(B).T + C
     err = float(np.max(np.abs(D - want)))

@@ -1,10 +1,6 @@
 """The CUDA backward (backward impl ``flash_numba_cuda``) in numba's simulator: every case against the float64
 gradient, and the planted mistakes caught (tests/backward_cuda_sim.py, in a subprocess: the simulator must
 be chosen before numba is imported)."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,16 +8,12 @@ import course_lib
 from course_lib.bench.cases import BACKWARD_CASES
 from course_lib.kernels import backward_numba_cuda as bk
 
-from conftest import REPO
+from conftest import simulator_verdicts
 
 
 @pytest.fixture(scope="module")
 def verdicts():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, str(REPO / "tests" / "backward_cuda_sim.py")], capture_output=True,
-                            text=True, env=env, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return simulator_verdicts("backward_cuda_sim.py")
 
 
 def test_every_case_matches_the_float64_gradient(verdicts):

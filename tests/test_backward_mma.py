@@ -2,27 +2,18 @@
 ``tensor_cores.sim``: the emulated instruction against numpy, every case against the float64 gradient, and the
 planted mistakes caught (tests/backward_mma_sim.py, in a subprocess: the simulator must be chosen before
 numba is imported).  On a GPU the same checks run through benchmarks/gpu_backward.py --parts check_mma."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import course_lib
 from course_lib.kernels.tensor_cores import backward as tb
 
-HERE = Path(__file__).resolve().parent
+from conftest import simulator_verdicts
 
 
 @pytest.fixture(scope="module")
 def verdicts():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": os.pathsep.join((str(HERE.parent), str(HERE)))}
-    result = subprocess.run([sys.executable, str(HERE / "backward_mma_sim.py")], capture_output=True, text=True,
-                            env=env, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return simulator_verdicts("backward_mma_sim.py")
 
 
 @pytest.mark.parametrize("kind", ["f16", "bf16"])

@@ -8,7 +8,6 @@ ALiBi, rows that see no key, split-KV, decode) and the planted mistakes, and
 the tests below read its verdicts.  The large shapes and the speeds ran on an
 H200 (benchmarks/gpu_steps.py, notebooks/records/gpu_steps.jsonl); nothing
 here times anything."""
-import json
 import math
 import os
 import subprocess
@@ -26,6 +25,8 @@ from course_lib.core import hardware, rules
 from course_lib.kernels import cuda_steps as cs
 from course_lib.kernels.cuda_steps import __main__ as cli
 
+from conftest import simulator_verdicts
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PLANTED = ("partial_tile_marked_full", "skip_a_needed_tile", "natural_scale_in_base_2", "wrong_kv_head",
@@ -34,11 +35,7 @@ PLANTED = ("partial_tile_marked_full", "skip_a_needed_tile", "natural_scale_in_b
 
 @pytest.fixture(scope="module")
 def verdicts():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda_steps_sim.py")], capture_output=True,
-                            text=True, env=env, cwd=ROOT, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return simulator_verdicts("cuda_steps_sim.py")
 
 
 def step_cases():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import nbformat
 import pytest
+from test_exercise_10_checks import NAIVE_10_4
 
 from course_lib.grading import pipeline
 from course_lib.grading.submission import Course
@@ -20,19 +21,7 @@ pytestmark = pytest.mark.needs_sandbox
 
 SALT = 4242   # any salt: the test files sweep several; this one crosses the sandbox
 
-NAIVE_KERNEL = """TILE = 8
-
-
-@cuda.jit
-def matmul_prefetch_fixed(A, B, C):
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    row, col = cuda.blockIdx.y * TILE + ty, cuda.blockIdx.x * TILE + tx
-    if row < A.shape[0] and col < B.shape[1]:
-        acc = float32(0.0)
-        for kk in range(A.shape[1]):
-            acc += A[row, kk] * B[kk, col]
-        C[row, col] = acc
-"""
+NAIVE_KERNEL = "TILE = 8\n\n\n@cuda.jit\ndef matmul_prefetch_fixed(A, B, C):\n" + NAIVE_10_4   # 10.4's answer, no prefetch
 
 # {set: {exercise: (old, new) in the solution's answer cell}}: each must score nothing
 WRONG = {

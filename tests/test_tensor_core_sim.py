@@ -3,29 +3,19 @@ instructions emulated by ``tensor_cores.sim``: every version for every kind of o
 awkward cases against the float64 reference, the emulated mma_tf32, ldmatrix and cp.async against numpy, and
 the planted mistakes caught (tests/forward_mma_sim.py, in a subprocess: the simulator must be chosen before
 numba is imported).  On a GPU the same cases run through benchmarks/gpu_mma.py --parts check."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import course_lib
 from course_lib.kernels.tensor_cores import forward as tf
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import forward_mma_sim as sweep  # noqa: E402  (the sweep's own plan, read without the simulator)
+import forward_mma_sim as sweep  # the sweep's own plan, read without the simulator
+from conftest import simulator_verdicts
 
 
 @pytest.fixture(scope="module")
 def verdicts():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": os.pathsep.join((str(HERE.parent), str(HERE)))}
-    result = subprocess.run([sys.executable, str(HERE / "forward_mma_sim.py")], capture_output=True, text=True,
-                            env=env, timeout=1500)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return simulator_verdicts("forward_mma_sim.py", timeout=1500)
 
 
 def test_the_sweep_meets_every_version_kind_and_case():
